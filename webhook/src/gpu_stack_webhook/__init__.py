@@ -1,0 +1,3 @@
+"""gpu-stack admission webhook: keeps GPU pods honest."""
+
+__version__ = "0.1.0"

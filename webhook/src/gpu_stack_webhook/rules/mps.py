@@ -1,0 +1,130 @@
+"""GPU006 mps-pod-injection: MPS pods get what they need to reach the MPS control daemon.
+
+A pod is an MPS pod when it requests a resource that every config it could land on shares through
+MPS, when its nodeSelector or required node affinity selects MPS nodes (the configured MPS labels,
+or the device plugin config label naming an MPS config), or when it carries the opt-in annotation
+`gpu-stack.io/mps: "true"`. For a Pod being created the mutating pass adds `hostIPC: true` (when
+`mps.injectHostIPC` is on), each configured MPS toleration that is missing, and for an annotation
+opt-in the MPS node selector. Each change is a warning that says why. Every change checks what is
+already there first, so a reinvoked webhook adds nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..findings import Finding, Severity
+from ..pod import PodView, pointer_token
+from ..sharing import Strategy
+from .base import Context, gpu_amounts
+
+ID = "GPU006"
+NAME = "mps-pod-injection"
+
+
+def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
+    if key == ctx.sharing.label:
+        return bool(values & ctx.sharing.mps_config_names)
+    return key in wanted and wanted[key] in values
+
+
+def mps_reason(pod: PodView, ctx: Context) -> str | None:
+    """Why this pod is an MPS pod, or None."""
+    if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
+        return f"annotation {ctx.config.mps.annotation}"
+    wanted = ctx.config.mps.node_selector
+    for key, value in pod.node_selector.items():
+        if _selects(key, {str(value)}, wanted, ctx):
+            return f"nodeSelector {key}={value}"
+    for term in pod.required_node_selector_terms():
+        for expr in term.get("matchExpressions") or []:
+            if isinstance(expr, Mapping) and expr.get("operator") == "In":
+                values = {str(v) for v in expr.get("values") or []}
+                if _selects(expr.get("key"), values, wanted, ctx):
+                    return f"node affinity on {expr.get('key')}"
+    candidates = ctx.sharing.candidates(pod)
+    for amount in gpu_amounts(pod, ctx):
+        exposed = [r for r in (c.lookup(amount.resource) for c in candidates) if r is not None]
+        if exposed and all(r.strategy is Strategy.MPS for r in exposed):
+            return f"{amount.resource} is MPS-shared"
+    return None
+
+
+def _normalized(toleration: Any) -> tuple[Any, ...]:
+    t = toleration if isinstance(toleration, Mapping) else {}
+    return (t.get("key") or "", t.get("operator") or "Equal", t.get("value") or "", t.get("effect") or "")
+
+
+def _tolerated(wanted: dict[str, Any], existing: list[Any]) -> bool:
+    key, _, _, effect = want = _normalized(wanted)
+    for have in map(_normalized, existing):
+        if have == want:
+            return True
+        have_key, have_op, _, have_effect = have
+        if have_op == "Exists" and have_key in ("", key) and have_effect in ("", effect):
+            return True
+    return False
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    reason = mps_reason(pod, ctx)
+    if reason is None:
+        return
+    mps = ctx.config.mps
+    if not ctx.can_patch:
+        if pod.is_template:
+            yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): the webhook adds hostIPC/tolerations "
+                          "to each pod", pod.path)
+        return
+    base = pod.pointer
+    if mps.inject_host_ipc and pod.spec.get("hostIPC") is not True:
+        yield Finding(
+            ID,
+            Severity.WARN,
+            f"set hostIPC=true for MPS ({reason}); turn off with mps.injectHostIPC",
+            f"{pod.path}.hostIPC",
+            patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
+        )
+    existing = list(pod.tolerations)
+    missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
+    if missing:
+        if "tolerations" in pod.spec and isinstance(pod.spec.get("tolerations"), list):
+            ops = tuple({"op": "add", "path": f"{base}/tolerations/-", "value": t} for t in missing)
+        else:
+            ops = ({"op": "add", "path": f"{base}/tolerations", "value": missing},)
+        keys = ", ".join(str(t.get("key", "*")) for t in missing)
+        yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
+                      patch=ops)
+    if reason.startswith("annotation"):
+        yield from _inject_node_selector(pod, ctx, reason)
+
+
+def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[Finding]:
+    current = pod.node_selector
+    wanted = ctx.config.mps.node_selector
+    conflicts = {k: v for k, v in wanted.items() if k in current and str(current[k]) != v}
+    if conflicts:
+        key, value = next(iter(conflicts.items()))
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f'opts in to MPS ({reason}) but nodeSelector {key}="{current[key]}" excludes MPS nodes '
+            f'({key}="{value}"); remove one of them',
+            f"{pod.path}.nodeSelector",
+            deny_early=True,
+        )
+        return
+    missing = {k: v for k, v in wanted.items() if k not in current}
+    if not missing:
+        return
+    if isinstance(pod.spec.get("nodeSelector"), Mapping):
+        ops = tuple(
+            {"op": "add", "path": f"{pod.pointer}/nodeSelector/{pointer_token(k)}", "value": v}
+            for k, v in missing.items()
+        )
+    else:
+        ops = ({"op": "add", "path": f"{pod.pointer}/nodeSelector", "value": missing},)
+    labels = ", ".join(f"{k}={v}" for k, v in missing.items())
+    yield Finding(ID, Severity.WARN, f"added nodeSelector {labels} ({reason})", f"{pod.path}.nodeSelector",
+                  patch=ops)

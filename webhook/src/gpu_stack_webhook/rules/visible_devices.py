@@ -1,0 +1,63 @@
+"""GPU002 no-nvidia-visible-devices: no container of any pod sets NVIDIA_VISIBLE_DEVICES.
+
+The NVIDIA container runtime hands a container every GPU this variable names, whatever the device
+plugin allocated, so it is forbidden in every pod, GPU or not: as an `env` entry (value or
+valueFrom), or through an `envFrom` prefix that could produce the name. An `envFrom` without a
+prefix imports whatever keys its ConfigMap or Secret holds, which cannot be seen offline: a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ..findings import Finding, Severity
+from ..pod import PodView
+from .base import Context
+
+ID = "GPU002"
+NAME = "no-nvidia-visible-devices"
+VARIABLE = "NVIDIA_VISIBLE_DEVICES"
+
+
+def _source(entry: Mapping[str, object]) -> str:
+    for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
+        ref = entry.get(key)
+        if isinstance(ref, Mapping):
+            return f'{kind} "{ref.get("name", "")}"'
+    return "a source"
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    for container in pod.containers():
+        for index, entry in enumerate(container.env):
+            if isinstance(entry, Mapping) and entry.get("name") == VARIABLE:
+                how = "from valueFrom" if "valueFrom" in entry else "explicitly"
+                yield Finding(
+                    ID,
+                    Severity.DENY,
+                    f"{container.label} sets {VARIABLE} {how}; GPUs are assigned by the device plugin, "
+                    f"request nvidia.com/gpu instead",
+                    f"{container.path}.env[{index}]",
+                )
+        for index, entry in enumerate(container.env_from):
+            if not isinstance(entry, Mapping):
+                continue
+            prefix = entry.get("prefix") or ""
+            path = f"{container.path}.envFrom[{index}]"
+            if not isinstance(prefix, str):
+                continue
+            if prefix and VARIABLE.startswith(prefix):
+                yield Finding(
+                    ID,
+                    Severity.DENY,
+                    f'{container.label} imports {_source(entry)} with prefix "{prefix}", which can produce '
+                    f"{VARIABLE}; use a prefix that is not the start of {VARIABLE}",
+                    path,
+                )
+            elif not prefix:
+                yield Finding(
+                    ID,
+                    Severity.WARN,
+                    f"{container.label}: envFrom {_source(entry)} has no prefix; it must not hold {VARIABLE}",
+                    path,
+                )
