@@ -47,7 +47,8 @@ def _fill_limits(container: ContainerRef, missing: dict[str, object]) -> Iterato
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
-    missing_limits: dict[ContainerRef, dict[str, object]] = defaultdict(dict)
+    missing_limits: dict[str, dict[str, object]] = defaultdict(dict)
+    containers: dict[str, ContainerRef] = {}
     for amount in gpu_amounts(pod, ctx):
         request, limit = parse_count(amount.request), parse_count(amount.limit)
         for raw, value, section in ((amount.request, request, "requests"), (amount.limit, limit, "limits")):
@@ -65,7 +66,8 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                 )
             elif request is not None and limit is None:
                 if ctx.can_patch:
-                    missing_limits[amount.container][amount.resource] = amount.request
+                    containers[amount.container.pointer] = amount.container
+                    missing_limits[amount.container.pointer][amount.resource] = amount.request
                 else:
                     yield _deny(
                         amount,
@@ -73,5 +75,5 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                         f"set limits.{amount.resource} to {format_count(request)}",
                         "limits",
                     )
-    for container, missing in missing_limits.items():
-        yield from _fill_limits(container, missing)
+    for pointer, missing in missing_limits.items():
+        yield from _fill_limits(containers[pointer], missing)
