@@ -113,7 +113,7 @@ class GpuResources(_Strict):
     names: tuple[str, ...] = ()
 
     def is_gpu(self, resource: str) -> bool:
-        return resource in self.names or any(resource.startswith(p) for p in self.prefixes)
+        return resource in self.names or resource.startswith(self.prefixes)
 
 
 class RuleSettings(_Strict):
@@ -134,7 +134,7 @@ class PolicyConfig(_Strict):
     @field_validator("rules")
     @classmethod
     def _known_rules(cls, rules: RuleSettings) -> RuleSettings:
-        from .rules import RULE_IDS
+        from .rules import RULE_IDS  # noqa: PLC0415 - the rules import this module's types
 
         unknown = sorted(set(rules.disabled) - set(RULE_IDS))
         if unknown:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from functools import cached_property
+from typing import Any, cast
 
 from jsonpointer import escape as escape_pointer_token
 from kubernetes.utils.quantity import parse_quantity
@@ -38,15 +39,18 @@ class NotAPodError(ValueError):
     """The object does not hold a pod spec where its kind says it should."""
 
 
+# Objects come from JSON or YAML, so their mappings are dicts: `isinstance(x, dict)` is much cheaper
+# than the ABC check on this hot path.
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else EMPTY
+    return value if isinstance(value, dict) else EMPTY
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-@dataclass(frozen=True, slots=True)
+# Plain (not frozen) dataclasses: frozen __init__ is several times slower and these are built per review.
+@dataclass(slots=True)
 class ContainerRef:
     kind: str  # container | initContainer | ephemeralContainer
     index: int
@@ -78,7 +82,7 @@ class ContainerRef:
         return _mapping(self.spec.get("securityContext"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass
 class PodView:
     """The pod spec and metadata of an object, with the paths to reach them."""
 
@@ -88,6 +92,8 @@ class PodView:
     path: str  # "spec" or "spec.template.spec"
     pointer: str  # "/spec" or "/spec/template/spec"
     metadata_path: str  # "metadata" or "spec.template.metadata"
+    # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_template(self) -> bool:
@@ -117,16 +123,22 @@ class PodView:
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
-        for field_name, kind in CONTAINER_FIELDS:
-            for index, container in enumerate(_list(self.spec.get(field_name))):
-                if isinstance(container, Mapping):
-                    yield ContainerRef(
-                        kind=kind,
-                        index=index,
-                        spec=container,
-                        path=f"{self.path}.{field_name}[{index}]",
-                        pointer=f"{self.pointer}/{field_name}/{index}",
-                    )
+        return iter(self._containers)
+
+    @cached_property
+    def _containers(self) -> tuple[ContainerRef, ...]:
+        return tuple(
+            ContainerRef(
+                kind=kind,
+                index=index,
+                spec=container,
+                path=f"{self.path}.{field_name}[{index}]",
+                pointer=f"{self.pointer}/{field_name}/{index}",
+            )
+            for field_name, kind in CONTAINER_FIELDS
+            for index, container in enumerate(_list(self.spec.get(field_name)))
+            if isinstance(container, dict)
+        )
 
     @property
     def annotations(self) -> Mapping[str, Any]:
@@ -150,8 +162,10 @@ def parse_count(value: Any) -> Decimal | None:
     """A resource quantity as a number ("1", 1, "1000m", "2k"), or None when it is not a quantity."""
     if isinstance(value, bool) or value is None:
         return None
+    if type(value) is int or (type(value) is str and value.isdigit()):
+        return Decimal(value)  # the common spelling, without the general parser
     try:
-        return Decimal(parse_quantity(value))
+        return cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, InvalidOperation):
         return None
 

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from .config import DevicePluginConfig, PolicyConfig, ReplicatedResources
 from .pod import PodView
@@ -119,7 +120,7 @@ class SharingIndex:
         return list(self.configs.values())
 
 
-def _values_required(term: Mapping[str, object], label: str) -> set[str] | None:
+def _values_required(term: Mapping[str, Any], label: str) -> set[str] | None:
     for expr in term.get("matchExpressions") or []:
         if isinstance(expr, Mapping) and expr.get("key") == label and expr.get("operator") == "In":
             values = expr.get("values")

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import PolicyConfig
 from ..pod import ContainerRef, PodView, parse_count
-from ..sharing import SharingIndex
+from ..sharing import NodeConfig, SharingIndex
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Context:
         return cls(config=config, sharing=SharingIndex(config), can_patch=can_patch)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuAmount:
     container: ContainerRef
     resource: str
@@ -39,12 +39,27 @@ class GpuAmount:
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     """Every GPU resource named in any container's requests or limits."""
-    is_gpu = ctx.config.gpu_resources.is_gpu
-    for container in pod.containers():
-        requests, limits = container.resources("requests"), container.resources("limits")
-        for resource in dict.fromkeys([*requests, *limits]):
-            if is_gpu(resource):
-                yield GpuAmount(container, resource, requests.get(resource), limits.get(resource))
+    key = f"gpu_amounts:{id(ctx.config)}"
+    amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
+    if amounts is None:
+        is_gpu = ctx.config.gpu_resources.is_gpu
+        found = []
+        for container in pod.containers():
+            requests, limits = container.resources("requests"), container.resources("limits")
+            for resource in dict.fromkeys([*requests, *limits]):
+                if is_gpu(resource):
+                    found.append(GpuAmount(container, resource, requests.get(resource), limits.get(resource)))
+        amounts = pod.memo[key] = tuple(found)
+    return iter(amounts)
+
+
+def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
+    """The device plugin configs of every node the pod could land on (memoized per pod)."""
+    key = f"candidates:{id(ctx.sharing)}"
+    found: list[NodeConfig] | None = pod.memo.get(key)
+    if found is None:
+        found = pod.memo[key] = ctx.sharing.candidates(pod)
+    return found
 
 
 def is_gpu_pod(pod: PodView, ctx: Context) -> bool:

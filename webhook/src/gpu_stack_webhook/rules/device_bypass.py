@@ -8,7 +8,7 @@ on). Either one hands a container GPUs it was never allocated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from ..findings import Finding, Severity
 from ..pod import PodView
@@ -36,7 +36,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             )
     for container in pod.containers():
         for index, mount in enumerate(container.spec.get("volumeMounts") or []):
-            if not isinstance(mount, Mapping):
+            if not isinstance(mount, dict):
                 continue
             mount_path = mount.get("mountPath")
             if isinstance(mount_path, str) and _under_device_dir(mount_path):

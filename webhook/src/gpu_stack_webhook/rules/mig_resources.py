@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from ..findings import Finding, Severity
 from ..pod import PodView
 from ..sharing import MIG_PREFIX
-from .base import Context, gpu_amounts
+from .base import Context, candidate_configs, gpu_amounts
 
 ID = "GPU005"
 NAME = "mig-resource-exposed"
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
-    candidates = ctx.sharing.candidates(pod)
+    candidates = candidate_configs(pod, ctx)
     severity = Severity.DENY if ctx.config.rules.mig_unexposed == "deny" else Severity.WARN
     for amount in gpu_amounts(pod, ctx):
         if not amount.resource.startswith(MIG_PREFIX):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..findings import Finding, Severity
+from ..findings import Finding, JsonPatchOp, Severity
 from ..pod import PodView, pointer_token
 from ..sharing import Strategy
-from .base import Context, gpu_amounts
+from .base import Context, candidate_configs, gpu_amounts
 
 ID = "GPU006"
 NAME = "mps-pod-injection"
@@ -43,7 +43,7 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
                 values = {str(v) for v in expr.get("values") or []}
                 if _selects(expr.get("key"), values, wanted, ctx):
                     return f"node affinity on {expr.get('key')}"
-    candidates = ctx.sharing.candidates(pod)
+    candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         exposed = [r for r in (c.lookup(amount.resource) for c in candidates) if r is not None]
         if exposed and all(r.strategy is Strategy.MPS for r in exposed):
@@ -89,7 +89,8 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     existing = list(pod.tolerations)
     missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
     if missing:
-        if "tolerations" in pod.spec and isinstance(pod.spec.get("tolerations"), list):
+        ops: tuple[JsonPatchOp, ...]
+        if isinstance(pod.spec.get("tolerations"), list):
             ops = tuple({"op": "add", "path": f"{base}/tolerations/-", "value": t} for t in missing)
         else:
             ops = ({"op": "add", "path": f"{base}/tolerations", "value": missing},)
@@ -118,6 +119,7 @@ def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[F
     missing = {k: v for k, v in wanted.items() if k not in current}
     if not missing:
         return
+    ops: tuple[JsonPatchOp, ...]
     if isinstance(pod.spec.get("nodeSelector"), Mapping):
         ops = tuple(
             {"op": "add", "path": f"{pod.pointer}/nodeSelector/{pointer_token(k)}", "value": v}

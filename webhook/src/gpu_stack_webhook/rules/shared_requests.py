@@ -12,14 +12,14 @@ from collections.abc import Iterator
 
 from ..findings import Finding, Severity
 from ..pod import PodView, format_count
-from .base import Context, gpu_amounts
+from .base import Context, candidate_configs, gpu_amounts
 
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
-    candidates = ctx.sharing.candidates(pod)
+    candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         count = amount.count
         if count is None or count <= 1:

@@ -22,7 +22,7 @@ VARIABLE = "NVIDIA_VISIBLE_DEVICES"
 def _source(entry: Mapping[str, object]) -> str:
     for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
         ref = entry.get(key)
-        if isinstance(ref, Mapping):
+        if isinstance(ref, dict):
             return f'{kind} "{ref.get("name", "")}"'
     return "a source"
 
@@ -30,7 +30,7 @@ def _source(entry: Mapping[str, object]) -> str:
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     for container in pod.containers():
         for index, entry in enumerate(container.env):
-            if isinstance(entry, Mapping) and entry.get("name") == VARIABLE:
+            if isinstance(entry, dict) and entry.get("name") == VARIABLE:
                 how = "from valueFrom" if "valueFrom" in entry else "explicitly"
                 yield Finding(
                     ID,
@@ -40,7 +40,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                     f"{container.path}.env[{index}]",
                 )
         for index, entry in enumerate(container.env_from):
-            if not isinstance(entry, Mapping):
+            if not isinstance(entry, dict):
                 continue
             prefix = entry.get("prefix") or ""
             path = f"{container.path}.envFrom[{index}]"
