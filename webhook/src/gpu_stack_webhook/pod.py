@@ -162,7 +162,7 @@ def parse_count(value: Any) -> Decimal | None:
     """A resource quantity as a number ("1", 1, "1000m", "2k"), or None when it is not a quantity."""
     if isinstance(value, bool) or value is None:
         return None
-    if type(value) is int or (type(value) is str and value.isdigit()):
+    if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:
         return cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]

@@ -42,10 +42,13 @@ class NodeConfig:
     name: str
     mig_strategy: str
     exposed: Mapping[str, ExposedResource]
+    # Resource names a sharing section renamed away: the node no longer advertises them.
+    replaced: frozenset[str] = frozenset()
 
     def lookup(self, resource: str) -> ExposedResource | None:
         found = self.exposed.get(resource)
-        if found is None and self.mig_strategy == "mixed" and resource.startswith(MIG_PREFIX):
+        if (found is None and self.mig_strategy == "mixed" and resource.startswith(MIG_PREFIX)
+                and resource not in self.replaced):
             # Under the mixed strategy every MIG profile on the node becomes its own resource.
             return ExposedResource(resource, Strategy.EXCLUSIVE)
         return found
@@ -65,6 +68,7 @@ def _build_node_config(name: str, config: DevicePluginConfig) -> NodeConfig:
     mig = config.flags.mig_strategy
     exposed: dict[str, ExposedResource] = {FULL_GPU: ExposedResource(FULL_GPU, Strategy.EXCLUSIVE)}
     replicated: list[tuple[Strategy, ReplicatedResources]] = []
+    replaced: set[str] = set()
     if config.sharing.time_slicing:
         replicated.append((Strategy.TIME_SLICING, config.sharing.time_slicing))
     if config.sharing.mps:
@@ -73,6 +77,8 @@ def _build_node_config(name: str, config: DevicePluginConfig) -> NodeConfig:
         for resource in section.resources:
             exposed.pop(resource.name, None)  # the shared resource replaces the plain one
             shared = _shared_name(resource.name, resource.rename, section.rename_by_default)
+            if shared != resource.name:
+                replaced.add(resource.name)
             exposed[shared] = ExposedResource(
                 name=shared,
                 strategy=strategy,
@@ -81,7 +87,7 @@ def _build_node_config(name: str, config: DevicePluginConfig) -> NodeConfig:
                 fail_requests_greater_than_one=strategy is Strategy.MPS
                 or section.fail_requests_greater_than_one,
             )
-    return NodeConfig(name=name, mig_strategy=mig, exposed=exposed)
+    return NodeConfig(name=name, mig_strategy=mig, exposed=exposed, replaced=frozenset(replaced - set(exposed)))
 
 
 class SharingIndex:

@@ -8,6 +8,7 @@ on). Either one hands a container GPUs it was never allocated.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterator
 
 from ..findings import Finding, Severity
@@ -21,8 +22,9 @@ CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def _under_device_dir(mount_path: str) -> bool:
-    normalized = "/" + "/".join(p for p in mount_path.split("/") if p and p != ".")
-    return normalized == DEVICE_LIST_DIR or normalized.startswith(DEVICE_LIST_DIR + "/")
+    # The toolkit (DevicesFromMounts) cleans the destination like Go's filepath.Clean, `..` resolved,
+    # then matches a plain string prefix: ".../nvidia-container-devicesall" is a request for "all".
+    return posixpath.normpath("/" + mount_path.lstrip("/")).startswith(DEVICE_LIST_DIR)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:

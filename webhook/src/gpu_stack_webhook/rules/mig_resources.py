@@ -27,11 +27,11 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         if any(cfg.lookup(amount.resource) for cfg in candidates):
             continue
         strategies = sorted({cfg.mig_strategy for cfg in candidates})
-        hint = "use nvidia.com/gpu" if "single" in strategies else "use a config with migStrategy mixed"
+        hint = "use nvidia.com/gpu" if "single" in strategies else "needs migStrategy mixed"
         yield Finding(
             ID,
             severity,
-            f"{amount.container.label} requests {amount.resource}, which no GPU node exposes "
+            f"{amount.container.label}: no node exposes {amount.resource} "
             f"(migStrategy {'/'.join(strategies)}); {hint}",
             f"{amount.container.path}.resources",
         )

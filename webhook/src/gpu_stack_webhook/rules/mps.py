@@ -36,13 +36,13 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
     wanted = ctx.config.mps.node_selector
     for key, value in pod.node_selector.items():
         if _selects(key, {str(value)}, wanted, ctx):
-            return f"nodeSelector {key}={value}"
+            return f"selects {key}={value}"
     for term in pod.required_node_selector_terms():
         for expr in term.get("matchExpressions") or []:
             if isinstance(expr, Mapping) and expr.get("operator") == "In":
                 values = {str(v) for v in expr.get("values") or []}
                 if _selects(expr.get("key"), values, wanted, ctx):
-                    return f"node affinity on {expr.get('key')}"
+                    return f"affinity on {expr.get('key')}"
     candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         exposed = [r for r in (c.lookup(amount.resource) for c in candidates) if r is not None]
@@ -51,20 +51,26 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
     return None
 
 
-def _normalized(toleration: Any) -> tuple[Any, ...]:
-    t = toleration if isinstance(toleration, Mapping) else {}
-    return (t.get("key") or "", t.get("operator") or "Equal", t.get("value") or "", t.get("effect") or "")
+def _normalized(toleration: Any) -> tuple[str, str, str, str]:
+    t = toleration if isinstance(toleration, dict) else {}
+    return (str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+            str(t.get("effect") or ""))
+
+
+def _covers(have: tuple[str, str, str, str], want: tuple[str, str, str, str]) -> bool:
+    """Does toleration `have` tolerate every taint that `want` tolerates?"""
+    have_key, have_op, have_value, have_effect = have
+    want_key, want_op, want_value, want_effect = want
+    if have_effect and have_effect != want_effect:
+        return False
+    if have_op == "Exists":
+        return have_key in ("", want_key)
+    return have_key == want_key and want_op == "Equal" and have_value == want_value
 
 
 def _tolerated(wanted: dict[str, Any], existing: list[Any]) -> bool:
-    key, _, _, effect = want = _normalized(wanted)
-    for have in map(_normalized, existing):
-        if have == want:
-            return True
-        have_key, have_op, _, have_effect = have
-        if have_op == "Exists" and have_key in ("", key) and have_effect in ("", effect):
-            return True
-    return False
+    want = _normalized(wanted)
+    return any(_covers(_normalized(have), want) for have in existing)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
@@ -72,17 +78,21 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     if reason is None:
         return
     mps = ctx.config.mps
+    opted_in = reason.startswith("annotation")
+    conflict = _selector_conflict(pod, ctx, reason) if opted_in else None
+    if conflict:
+        yield conflict
+        return
     if not ctx.can_patch:
         if pod.is_template:
-            yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): the webhook adds hostIPC/tolerations "
-                          "to each pod", pod.path)
+            yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
         return
     base = pod.pointer
     if mps.inject_host_ipc and pod.spec.get("hostIPC") is not True:
         yield Finding(
             ID,
             Severity.WARN,
-            f"set hostIPC=true for MPS ({reason}); turn off with mps.injectHostIPC",
+            f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
             f"{pod.path}.hostIPC",
             patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
         )
@@ -97,25 +107,28 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         keys = ", ".join(str(t.get("key", "*")) for t in missing)
         yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
                       patch=ops)
-    if reason.startswith("annotation"):
+    if opted_in:
         yield from _inject_node_selector(pod, ctx, reason)
+
+
+def _selector_conflict(pod: PodView, ctx: Context, reason: str) -> Finding | None:
+    current = pod.node_selector
+    for key, value in ctx.config.mps.node_selector.items():
+        if key in current and str(current[key]) != value:
+            return Finding(
+                ID,
+                Severity.DENY,
+                f'opts in to MPS ({reason}) but nodeSelector {key}="{current[key]}" excludes MPS nodes '
+                f'({key}="{value}"); remove one of them',
+                f"{pod.path}.nodeSelector",
+                deny_early=True,
+            )
+    return None
 
 
 def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[Finding]:
     current = pod.node_selector
     wanted = ctx.config.mps.node_selector
-    conflicts = {k: v for k, v in wanted.items() if k in current and str(current[k]) != v}
-    if conflicts:
-        key, value = next(iter(conflicts.items()))
-        yield Finding(
-            ID,
-            Severity.DENY,
-            f'opts in to MPS ({reason}) but nodeSelector {key}="{current[key]}" excludes MPS nodes '
-            f'({key}="{value}"); remove one of them',
-            f"{pod.path}.nodeSelector",
-            deny_early=True,
-        )
-        return
     missing = {k: v for k, v in wanted.items() if k not in current}
     if not missing:
         return

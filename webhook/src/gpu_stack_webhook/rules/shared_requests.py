@@ -33,7 +33,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         yield Finding(
             ID,
             severity,
-            f"{amount.container.label} requests {format_count(count)} {amount.resource}, a shared GPU "
-            f"that allows only 1 per container (config {', '.join(refusing)}); request 1",
+            f"{amount.container.label} requests {format_count(count)} {amount.resource}; shared GPUs allow 1 "
+            f"(config {', '.join(refusing)}): request 1",
             f"{amount.container.path}.resources",
         )
