@@ -29,7 +29,6 @@ from typing import Any
 
 import jsonpatch
 import yaml
-
 from gpu_stack_webhook.certs import make_ca, make_serving_cert
 from gpu_stack_webhook.reviews import admission_review, is_judged
 

@@ -1,0 +1,112 @@
+{{/* Name of the webhook's objects (Deployment, Service, ServiceAccount, webhook configurations). */}}
+{{- define "gpu-stack.webhook.name" -}}
+{{- include "gpu-stack.componentName" (dict "root" . "component" "webhook") }}
+{{- end }}
+
+{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key). */}}
+{{- define "gpu-stack.webhook.tlsSecretName" -}}
+{{- .Values.webhook.tls.secretName | default (printf "%s-tls" (include "gpu-stack.webhook.name" .)) }}
+{{- end }}
+
+{{/* cert-manager Certificate that serves the webhook (also the inject-ca-from source). */}}
+{{- define "gpu-stack.webhook.certificateName" -}}
+{{- printf "%s-tls" (include "gpu-stack.webhook.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Namespaces the webhook never judges, as a YAML list: the release namespace, kube-system, extras. */}}
+{{- define "gpu-stack.webhook.exemptNamespaces" -}}
+{{- $names := concat (list .Release.Namespace "kube-system") .Values.webhook.policy.extraExemptNamespaces }}
+{{- toYaml (uniq $names) }}
+{{- end }}
+
+{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. */}}
+{{- define "gpu-stack.webhook.image" -}}
+{{- $img := .Values.webhook.image }}
+{{- include "gpu-stack.image" (dict "repository" $img.repository "tag" ($img.tag | default .Chart.AppVersion)) }}
+{{- end }}
+
+{{/*
+The webhook's policy file (webhook/src/gpu_stack_webhook/config.py). sharing.configs is exactly the
+device plugin config files of gpu-stack.devicePluginConfigs, so the webhook judges pods against what
+the nodes expose.
+*/}}
+{{- define "gpu-stack.webhook.policy" -}}
+{{- $p := .Values.webhook.policy }}
+{{- $sharing := dict
+      "nodeConfigLabel" "nvidia.com/device-plugin.config"
+      "defaultConfig" .Values.sharing.defaultConfig
+      "configs" (include "gpu-stack.devicePluginConfigs" . | fromYaml) }}
+{{- $policy := dict
+      "exemptNamespaces" (include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray)
+      "gpuResources" (dict "prefixes" $p.gpuResources.prefixes "names" $p.gpuResources.names)
+      "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
+      "maxRequestBytes" (int64 $p.maxRequestBytes)
+      "sharing" $sharing
+      "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC)
+      "rules" (dict "disabled" $p.rules.disabled "migUnexposed" $p.rules.migUnexposed) }}
+{{- toYaml $policy }}
+{{- end }}
+
+{{/* namespaceSelector shared by both webhook configurations: skip exempt and opted-out namespaces. */}}
+{{- define "gpu-stack.webhook.namespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- include "gpu-stack.webhook.exemptNamespaces" . | nindent 8 }}
+    - key: {{ .Values.webhook.namespaceOptOutLabel }}
+      operator: NotIn
+      values: [disabled]
+{{- end }}
+
+{{/* clientConfig of one webhook. Call with (dict "root" $ "path" "/mutate"). */}}
+{{- define "gpu-stack.webhook.clientConfig" -}}
+{{- $root := .root }}
+clientConfig:
+  service:
+    name: {{ include "gpu-stack.webhook.name" $root }}
+    namespace: {{ $root.Release.Namespace }}
+    path: {{ .path }}
+    port: 443
+  {{- if and (not $root.Values.certManager.enabled) $root.Values.webhook.tls.caBundle }}
+  caBundle: {{ $root.Values.webhook.tls.caBundle | trim | b64enc }}
+  {{- end }}
+{{- end }}
+
+{{/* Metadata annotations of the webhook configurations (cert-manager's cainjector fills caBundle). */}}
+{{- define "gpu-stack.webhook.configAnnotations" -}}
+{{- if .Values.certManager.enabled }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpu-stack.webhook.certificateName" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Namespace for the helm tests: webhook.helmTests.namespace, else "default" when the webhook covers it,
+else empty (the denial test is then skipped; validate.yaml rejects an explicit exempt namespace).
+*/}}
+{{- define "gpu-stack.webhook.testNamespace" -}}
+{{- $exempt := include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray }}
+{{- if .Values.webhook.helmTests.namespace }}
+{{- .Values.webhook.helmTests.namespace }}
+{{- else if not (has "default" $exempt) }}
+{{- "default" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod the helm test dry-runs (kubectl run --overrides, JSON): Pod Security "restricted" compliant,
+so the only thing wrong with it is NVIDIA_VISIBLE_DEVICES=all (webhook rule GPU002).
+*/}}
+{{- define "gpu-stack.webhook.deniedTestPod" -}}
+{{- $container := dict
+      "name" "gpu-stack-test-denied"
+      "image" "registry.k8s.io/pause:3.10"
+      "env" (list (dict "name" "NVIDIA_VISIBLE_DEVICES" "value" "all"))
+      "securityContext" (dict "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL"))) }}
+{{- $spec := dict
+      "securityContext" (dict "runAsNonRoot" true "runAsUser" 65532 "seccompProfile" (dict "type" "RuntimeDefault"))
+      "containers" (list $container) }}
+{{- toJson (dict "spec" $spec) }}
+{{- end }}

@@ -1,0 +1,127 @@
+"""Render-time checks: every `fail` in the chart's templates (validate.yaml and helpers) is triggered
+by a case here that asserts its message, and every message starts with "gpu-stack: "."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from .chartlib import CHART, render
+
+GPU = [{"name": "nvidia.com/gpu", "replicas": 2}]
+MIG_1G = [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]
+
+# (values set with --set-json, namespace, expected message fragment). Each fragment begins with the
+# static start of one `fail` message (up to its first printf verb), so the coverage test below can
+# match cases to checks.
+FAIL_CASES: list[Any] = [
+    pytest.param({"webhook.replicas": 1}, "gpu-stack",
+                 "gpu-stack: webhook.podDisruptionBudget.minAvailable (1) must be less than webhook.replicas (1)",
+                 id="webhook-pdb-blocks-drains"),
+    pytest.param({"webhook.replicas": 3, "webhook.podDisruptionBudget.minAvailable": 3}, "gpu-stack",
+                 "gpu-stack: webhook.podDisruptionBudget.minAvailable (3) must be less than webhook.replicas (3)",
+                 id="webhook-pdb-equal"),
+    pytest.param({"certManager.enabled": False}, "gpu-stack",
+                 'gpu-stack: the webhook has no TLS: either set certManager.enabled=true (cert-manager must be '
+                 'installed), or create a kubernetes.io/tls Secret "t-gpu-stack-webhook-tls" in namespace "gpu-stack"',
+                 id="webhook-no-tls"),
+    pytest.param({"webhook.helmTests.namespace": "kube-system"}, "gpu-stack",
+                 'gpu-stack: webhook.helmTests.namespace "kube-system" is exempt from the webhook '
+                 "(exempt: gpu-stack, kube-system)",
+                 id="webhook-test-namespace-exempt"),
+    pytest.param({"webhook.helmTests.namespace": "ml", "webhook.policy.extraExemptNamespaces": ["ml"]}, "gpu-stack",
+                 'gpu-stack: webhook.helmTests.namespace "ml" is exempt from the webhook', id="webhook-test-ns-extra"),
+    # ---- GPU-side checks ----
+    pytest.param({"sharing.defaultConfig": "missing"}, "gpu-stack",
+                 'gpu-stack: sharing.defaultConfig "missing" names no config in sharing.configs (default)',
+                 id="sharing-default-config-missing"),
+    pytest.param({"toolkit.runtime": "docker"}, "gpu-stack",
+                 'gpu-stack: toolkit.runtime "docker" is not a known preset; use one of containerd, crio, k3s, rke2',
+                 id="toolkit-runtime-unknown"),
+    pytest.param({"devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
+                 "gpu-stack: devicePlugin.deviceListStrategy contains envvar, but the toolkit ignores "
+                 "NVIDIA_VISIBLE_DEVICES from unprivileged containers", id="envvar-unprivileged"),
+    pytest.param({"toolkit.acceptVolumeMounts": False}, "gpu-stack",
+                 "gpu-stack: devicePlugin.deviceListStrategy contains volume-mounts, but "
+                 "toolkit.acceptVolumeMounts=false",
+                 id="volume-mounts-not-accepted"),
+    pytest.param({"devicePlugin.deviceListStrategy": ["cdi-annotations"]}, "gpu-stack",
+                 'gpu-stack: devicePlugin.deviceListStrategy ["cdi-annotations"] uses CDI, but '
+                 "toolkit.cdi.enabled=false",
+                 id="cdi-without-cdi"),
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": GPU}, "mps": {"resources": GPU}}}},
+                 "gpu-stack", "gpu-stack: sharing.configs.default sets both timeSlicing and mps", id="ts-and-mps"),
+    pytest.param({"sharing.configs": {"default": {"migStrategy": "single", "timeSlicing": {"resources": MIG_1G}}}},
+                 "gpu-stack", 'gpu-stack: sharing.configs.default.timeSlicing shares nvidia.com/mig-1g.5gb, but with '
+                 'migStrategy "single" the device plugin exposes no nvidia.com/mig-* resources',
+                 id="mig-resource-not-mixed"),
+    pytest.param({"sharing.configs": {"default": {"migStrategy": "mixed", "mps": {"resources": GPU}}}},
+                 "gpu-stack", 'gpu-stack: sharing.configs.default combines mps with migStrategy "mixed"',
+                 id="mps-on-mig"),
+    pytest.param({"sharing.configs": {"default": {"mps": {"resources": GPU}}}, "devicePlugin.enabled": False},
+                 "gpu-stack", "gpu-stack: sharing configs default use MPS, which needs the device plugin",
+                 id="mps-without-device-plugin"),
+    pytest.param({"sharing.configs": {"default": {"mps": {"resources": GPU}}}, "mpsControlDaemon.enabled": False},
+                 "gpu-stack", "gpu-stack: sharing configs default use MPS but mpsControlDaemon.enabled=false",
+                 id="mps-without-daemon"),
+    pytest.param({"migManager.enabled": True, "migManager.defaultConfig": "all-disabled", "nfd.enabled": False,
+                  "sharing.configs": {"default": {"migStrategy": "single"}}},
+                 "gpu-stack", "gpu-stack: migManager.defaultConfig is applied by an NFD NodeFeatureRule, but "
+                 "nfd.enabled=false", id="mig-default-without-nfd"),
+    pytest.param({"migManager.enabled": True}, "gpu-stack",
+                 "gpu-stack: migManager.enabled=true but every sharing config has migStrategy none",
+                 id="mig-manager-without-mig-strategy"),
+]
+
+
+@pytest.mark.parametrize(("set_json", "namespace", "message"), FAIL_CASES)
+def test_fail_check_triggers(helm: int, set_json: dict[str, Any], namespace: str, message: str) -> None:
+    result = render(helm, set_json=set_json, namespace=namespace)
+    assert not result.ok, f"render with {set_json} should fail"
+    assert message in result.stderr, result.stderr
+
+
+def test_valid_neighbours_of_fail_cases_render() -> None:
+    """The checks fire on the bad values only: the closest good values render."""
+    ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"
+    for set_json in (
+        {"webhook.replicas": 1, "webhook.podDisruptionBudget.enabled": False},
+        {"webhook.replicas": 3, "webhook.podDisruptionBudget.minAvailable": 2},
+        {"certManager.enabled": False, "webhook.tls.caBundle": ca},
+        {"webhook.helmTests.namespace": "ml"},
+        {"webhook.enabled": False, "certManager.enabled": False},
+    ):
+        result = render(3, set_json=set_json)
+        assert result.ok, (set_json, result.stderr)
+
+
+FAIL_CALL = re.compile(r'\bfail\s*\(?\s*(?:printf\s+)?"((?:[^"\\]|\\.)*)"')
+
+
+def _fail_messages() -> list[tuple[str, str]]:
+    found = []
+    for path in sorted((CHART / "templates").rglob("*")):
+        if path.is_file() and path.suffix in (".yaml", ".tpl", ".txt"):
+            for m in FAIL_CALL.finditer(path.read_text(encoding="utf-8")):
+                found.append((path.relative_to(CHART).as_posix(), m.group(1).replace('\\"', '"')))
+    return found
+
+
+def test_fail_messages_start_with_gpu_stack() -> None:
+    messages = _fail_messages()
+    assert messages, "no fail checks found: the scanner is broken"
+    assert [m for m in messages if not m[1].startswith("gpu-stack: ")] == []
+
+
+def test_every_fail_check_has_a_triggering_case() -> None:
+    expected = [p.values[2] for p in FAIL_CASES]
+    uncovered = []
+    for path, message in _fail_messages():
+        static = re.split(r"%[-+# 0-9.]*[a-zA-Z]", message, maxsplit=1)[0]
+        # A case's message starts with the static text (up to the first verb), or, for a message
+        # without verbs, is a long enough prefix of it.
+        if not any(e.startswith(static) or (static.startswith(e) and len(e) >= 40) for e in expected):
+            uncovered.append(f"{path}: {message[:100]}")
+    assert uncovered == [], "fail checks without a test case in FAIL_CASES"

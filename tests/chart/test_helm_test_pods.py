@@ -1,0 +1,44 @@
+"""The helm test pods, judged by the real policy engine with the policy the chart renders: the pod
+the denial test dry-runs is denied by GPU002 (and nothing else), and the CUDA sample is admitted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from gpu_stack_webhook.config import parse_config
+from gpu_stack_webhook.engine import Policy
+
+from .chartlib import FULLNAME, one, render
+from .test_webhook import POLICY_CM, pod_security_restricted_violations
+
+
+def _policy_and_pods() -> tuple[Policy, dict[str, Any], dict[str, Any]]:
+    objs = render(3).objects()
+    policy = Policy(parse_config(yaml.safe_load(one(objs, "ConfigMap", POLICY_CM)["data"]["policy.yaml"])))
+    tester = one(objs, "Pod", f"{FULLNAME}-test-webhook")
+    env = {e["name"]: e["value"] for e in tester["spec"]["containers"][0]["env"]}
+    denied = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-stack-test-denied",
+                                                               "namespace": env["TEST_NAMESPACE"]},
+              **json.loads(env["DENIED_POD_OVERRIDES"])}
+    cuda = one(objs, "Pod", f"{FULLNAME}-test-cuda")
+    return policy, denied, cuda
+
+
+def test_denial_test_pod_is_denied_by_gpu002_only() -> None:
+    policy, denied, _ = _policy_and_pods()
+    evaluation = policy.evaluate(denied, "Pod")
+    assert [f.rule_id for f in evaluation.denials] == ["GPU002"]
+    # Pod Security "restricted" cannot be what denies it in a restricted namespace.
+    assert pod_security_restricted_violations(denied["spec"]) == []
+
+
+def test_cuda_sample_pod_is_admitted() -> None:
+    policy, _, cuda = _policy_and_pods()
+    # The apiserver defaults requests from limits before admission (see the shared fixtures).
+    pod = json.loads(json.dumps(cuda))
+    for container in pod["spec"]["containers"]:
+        resources = container["resources"]
+        resources["requests"] = {**resources["limits"], **resources.get("requests", {})}
+    assert policy.evaluate(pod, "Pod").denials == []

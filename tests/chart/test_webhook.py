@@ -1,0 +1,440 @@
+"""The webhook's objects: policy ConfigMap, Deployment (Pod Security restricted), Service, PDB, RBAC,
+webhook configurations, TLS (cert-manager or user-provided), helm test hooks, NOTES."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+import yaml
+from gpu_stack_webhook.config import parse_config
+from gpu_stack_webhook.rules import RULE_IDS
+
+from .chartlib import (
+    FULLNAME,
+    NAMESPACE,
+    ROOT,
+    find,
+    load_schema,
+    one,
+    overlay_values,
+    overlays,
+    render,
+    run_helm,
+    template_args,
+)
+
+WEBHOOK = f"{FULLNAME}-webhook"
+POLICY_CM = f"{FULLNAME}-webhook-policy"
+DEVICE_PLUGIN_CM = f"{FULLNAME}-device-plugin-configs"
+TLS_SECRET = f"{WEBHOOK}-tls"
+CA_PEM = (
+    "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIUY2hhcnQtdGVzdC1jYQ==\n-----END CERTIFICATE-----\n"
+)
+NO_CERT_MANAGER = {"certManager.enabled": False, "webhook.tls.caBundle": CA_PEM}
+OVERLAYS = overlays()
+
+
+def objects(**set_json: Any) -> list[dict[str, Any]]:
+    return render(3, set_json=set_json or None).objects()
+
+
+def policy_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(one(objs, "ConfigMap", POLICY_CM)["data"]["policy.yaml"])
+
+
+# ---- policy ConfigMap -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_policy_parses_and_agrees_with_device_plugin_configmap(overlay: str) -> None:
+    objs = render(3, overlay).objects()
+    values = overlay_values(overlay)
+    if not values["webhook"]["enabled"]:
+        pytest.skip(f"{overlay} turns the webhook off")
+    policy = policy_of(objs)
+    config = parse_config(policy, f"{overlay}: {POLICY_CM}")
+    assert config.sharing.default_config == values["sharing"]["defaultConfig"]
+    assert set(policy["sharing"]["configs"]) == set(values["sharing"]["configs"])
+
+    plugin_cms = find(objs, "ConfigMap", DEVICE_PLUGIN_CM)
+    assert plugin_cms, f"{overlay}: the device plugin ConfigMap {DEVICE_PLUGIN_CM} is not rendered"
+    plugin_configs = {name: yaml.safe_load(text) for name, text in plugin_cms[0]["data"].items()}
+    assert plugin_configs == policy["sharing"]["configs"], (
+        f"{overlay}: webhook policy sharing.configs differ from the device plugin ConfigMap"
+    )
+
+
+def test_policy_content_from_values() -> None:
+    objs = objects(**{
+        "webhook.policy.extraExemptNamespaces": ["batch-system", "kube-system"],
+        "webhook.policy.mps.injectHostIPC": False,
+        "webhook.policy.rules.disabled": ["GPU005"],
+        "webhook.policy.rules.migUnexposed": "warn",
+        "webhook.policy.gpuRuntimeClassNames": ["nvidia", "nvidia-cdi"],
+    })
+    policy = policy_of(objs)
+    assert policy["exemptNamespaces"] == [NAMESPACE, "kube-system", "batch-system"]
+    assert policy["sharing"]["nodeConfigLabel"] == "nvidia.com/device-plugin.config"
+    config = parse_config(policy)
+    assert config.mps.inject_host_ipc is False
+    assert config.rules.disabled == ("GPU005",)
+    assert config.rules.mig_unexposed == "warn"
+    assert config.gpu_runtime_class_names == ("nvidia", "nvidia-cdi")
+
+
+def test_default_policy_equals_webhook_defaults_except_namespace() -> None:
+    """The chart's defaults are the webhook's built-in defaults (webhook/examples/policy.yaml)."""
+    config = parse_config(policy_of(objects()))
+    builtin = parse_config({})
+    assert config.model_dump(exclude={"exempt_namespaces", "sharing"}) == builtin.model_dump(
+        exclude={"exempt_namespaces", "sharing"})
+    assert config.exempt_namespaces == (NAMESPACE, "kube-system")
+
+
+def test_rule_ids_in_schema_are_the_webhooks() -> None:
+    enum = load_schema()["properties"]["webhook"]["properties"]["policy"]["properties"]["rules"]["properties"][
+        "disabled"]["items"]["enum"]
+    assert set(enum) == set(RULE_IDS)
+
+
+def test_policy_change_rolls_the_pods() -> None:
+    def checksum(objs: list[dict[str, Any]]) -> str:
+        return one(objs, "Deployment", WEBHOOK)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    base = checksum(objects())
+    assert len(base) == 64
+    assert checksum(objects(**{"webhook.policy.rules.migUnexposed": "warn"})) != base
+    assert checksum(objects(**{"sharing.configs": {"default": {"migStrategy": "single"}}})) != base
+    assert checksum(objects(**{"webhook.replicas": 3})) == base
+
+
+# ---- Deployment ------------------------------------------------------------------------------------
+
+
+def _deployment(**set_json: Any) -> dict[str, Any]:
+    return one(objects(**set_json), "Deployment", WEBHOOK)
+
+
+def test_deployment_basics() -> None:
+    dep = _deployment()
+    spec = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2
+    (container,) = spec["containers"]
+    assert container["image"] == "ghcr.io/gpu-stack/gpu-stack-webhook:0.1.0"
+    assert container["command"] + container["args"] == [
+        "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy.yaml",
+        "--cert", "/etc/gpu-stack/tls/tls.crt", "--key", "/etc/gpu-stack/tls/tls.key", "--bind", "0.0.0.0:8443"]
+    assert {"name": "GPU_STACK_WEBHOOK_CONFIG", "value": "/etc/gpu-stack/policy.yaml"} in container["env"]
+    assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["automountServiceAccountToken"] is False
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/etc/gpu-stack/policy.yaml"]]["configMap"]["name"] == POLICY_CM
+    assert volumes[mounts["/etc/gpu-stack/tls"]]["secret"]["secretName"] == TLS_SECRET
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_deployment_spreads_across_nodes() -> None:
+    spec = _deployment()["spec"]["template"]["spec"]
+    selector = _deployment()["spec"]["selector"]["matchLabels"]
+    (tsc,) = spec["topologySpreadConstraints"]
+    assert tsc["topologyKey"] == "kubernetes.io/hostname" and tsc["labelSelector"]["matchLabels"] == selector
+    (anti,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    assert _deployment()["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_image_tag_and_pull_secrets_from_values() -> None:
+    dep = _deployment(**{"webhook.image.tag": "1.2.3", "webhook.imagePullSecrets": [{"name": "regcred"}]})
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["containers"][0]["image"].endswith(":1.2.3")
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+# Pod Security Standards, "restricted" profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/).
+RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                           "projected", "secret"}
+
+
+def pod_security_restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
+    problems = []
+    psc = pod_spec.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(flag):
+            problems.append(f"{flag} is set")
+    for volume in pod_spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUME_TYPES:
+            problems.append(f"volume {volume['name']} type {kinds}")
+    containers = [*pod_spec.get("initContainers", []), *pod_spec["containers"],
+                  *pod_spec.get("ephemeralContainers", [])]
+    for c in containers:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            problems.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds capabilities {caps['add']}")
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot is not true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile {seccomp}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            problems.append(f"{name}: hostPort")
+    return problems
+
+
+def test_pod_security_check_catches_violations() -> None:
+    assert pod_security_restricted_violations({"containers": [{"name": "c"}]})
+    assert pod_security_restricted_violations({"hostIPC": True, "containers": [{"name": "c"}]})
+
+
+def test_webhook_meets_pod_security_restricted() -> None:
+    spec = _deployment()["spec"]["template"]["spec"]
+    assert pod_security_restricted_violations(spec) == []
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532
+
+
+def test_helm_test_kubectl_pod_meets_pod_security_restricted() -> None:
+    pod = one(objects(), "Pod", f"{FULLNAME}-test-webhook")
+    assert pod_security_restricted_violations(pod["spec"]) == []
+
+
+# ---- Service, PDB, ServiceAccount, RBAC ---------------------------------------------------------------
+
+
+def test_service_targets_the_webhook_pods() -> None:
+    objs = objects()
+    svc = one(objs, "Service", WEBHOOK)
+    dep = one(objs, "Deployment", WEBHOOK)
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_pdb() -> None:
+    objs = objects()
+    pdb = one(objs, "PodDisruptionBudget", WEBHOOK)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == one(objs, "Deployment", WEBHOOK)["spec"]["selector"]["matchLabels"]
+    assert not find(objects(**{"webhook.podDisruptionBudget.enabled": False}), "PodDisruptionBudget")
+
+
+def test_least_privilege_rbac_by_default() -> None:
+    objs = objects()
+    assert one(objs, "ServiceAccount", WEBHOOK)["automountServiceAccountToken"] is False
+    rbac_kinds = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+    webhook_rbac = [o for o in objs if o["kind"] in rbac_kinds and o["metadata"]["name"] == WEBHOOK]
+    assert webhook_rbac == []
+
+
+def test_rbac_values_hook() -> None:
+    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET], "verbs": ["get", "update"]}
+    crule = {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+             "verbs": ["get", "patch"]}
+    objs = objects(**{"webhook.rbac.extraRules": [rule], "webhook.rbac.extraClusterRules": [crule]})
+    assert one(objs, "Role", WEBHOOK)["rules"] == [rule]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [crule]
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        binding = one(objs, kind, WEBHOOK)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": NAMESPACE}]
+    assert one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
+
+# ---- webhook configurations --------------------------------------------------------------------------
+
+
+def _configs(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (m,) = one(objs, "MutatingWebhookConfiguration", WEBHOOK)["webhooks"]
+    (v,) = one(objs, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"]
+    return m, v
+
+
+def _rules(hook: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, op) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for op in rule["operations"]}
+
+
+def test_webhook_configurations() -> None:
+    m, v = _configs(objects())
+    assert (m["name"], v["name"]) == ("mutate.gpu-stack.io", "validate.gpu-stack.io")
+    for hook, path in ((m, "/mutate"), (v, "/validate")):
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["matchPolicy"] == "Equivalent"
+        assert hook["failurePolicy"] == "Fail"
+        assert hook["timeoutSeconds"] == 10
+        assert hook["clientConfig"]["service"] == {"name": WEBHOOK, "namespace": NAMESPACE, "path": path, "port": 443}
+    assert m["reinvocationPolicy"] == "IfNeeded"
+    assert _rules(m) == {("", "pods", "CREATE")}
+    expected = {("", "pods", "CREATE"), ("", "pods", "UPDATE"), ("", "pods/ephemeralcontainers", "UPDATE")}
+    expected |= {("apps", r, op) for r in ("deployments", "replicasets", "statefulsets", "daemonsets")
+                 for op in ("CREATE", "UPDATE")}
+    expected |= {("batch", r, op) for r in ("jobs", "cronjobs") for op in ("CREATE", "UPDATE")}
+    assert _rules(v) == expected
+
+
+def test_validating_rules_cover_what_the_recorded_apiserver_sent() -> None:
+    """Every (group, resource, CREATE/UPDATE) the real apiserver was registered for (shared fixtures) is
+    covered by the validating webhook (DELETE is not judged)."""
+    path = ROOT.parent / "shared/fixtures/apiserver-v1.36/admission-requests/webhook-configurations.json"
+    if not path.exists():
+        pytest.skip(f"shared fixtures absent: {path}")
+    recorded = json.loads(path.read_text())
+    (vwc,) = [i for i in recorded["items"] if i["kind"] == "ValidatingWebhookConfiguration"]
+    wanted = {r for r in _rules(vwc["webhooks"][0]) if r[2] != "DELETE"} - {("", "pods/ephemeralcontainers", "CREATE")}
+    _, v = _configs(objects())
+    assert wanted <= _rules(v)
+
+
+def test_failure_policy_and_timeout_values() -> None:
+    for hook in _configs(objects(**{"webhook.failurePolicy": "Ignore", "webhook.timeoutSeconds": 5})):
+        assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
+
+
+def test_namespace_selector_skips_exempt_and_opted_out_namespaces() -> None:
+    objs = objects(**{"webhook.policy.extraExemptNamespaces": ["monitoring"]})
+    for hook in _configs(objs):
+        assert hook["namespaceSelector"] == {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": [NAMESPACE, "kube-system", "monitoring"]},
+            {"key": "gpu-stack.io/webhook", "operator": "NotIn", "values": ["disabled"]},
+        ]}
+    assert policy_of(objs)["exemptNamespaces"] == [NAMESPACE, "kube-system", "monitoring"]
+
+
+def test_webhook_disabled_renders_no_webhook_objects() -> None:
+    objs = objects(**{"webhook.enabled": False})
+    assert not [o for o in objs if o["metadata"]["name"].startswith(WEBHOOK)]
+    assert not find(objs, "MutatingWebhookConfiguration") and not find(objs, "ValidatingWebhookConfiguration")
+
+
+# ---- TLS -----------------------------------------------------------------------------------------------
+
+
+def test_cert_manager_chain() -> None:
+    objs = objects()
+    issuers = {o["metadata"]["name"]: o for o in find(objs, "Issuer")}
+    certs = {o["metadata"]["name"]: o for o in find(objs, "Certificate")}
+    selfsigned, ca_issuer = issuers[f"{WEBHOOK}-selfsigned"], issuers[f"{WEBHOOK}-ca"]
+    assert selfsigned["spec"] == {"selfSigned": {}}
+    ca = certs[f"{WEBHOOK}-ca"]
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"]["name"] == selfsigned["metadata"]["name"]
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    serving = certs[TLS_SECRET]
+    assert serving["spec"]["issuerRef"]["name"] == ca_issuer["metadata"]["name"]
+    assert serving["spec"]["secretName"] == TLS_SECRET
+    assert serving["spec"]["privateKey"]["algorithm"] == "ECDSA" and serving["spec"]["privateKey"]["size"] == 256
+    assert serving["spec"]["dnsNames"] == [f"{WEBHOOK}.{NAMESPACE}.svc", f"{WEBHOOK}.{NAMESPACE}.svc.cluster.local"]
+    for hook_kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(objs, hook_kind, WEBHOOK)
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{TLS_SECRET}"
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+
+
+def test_user_provided_tls_secret_and_ca_bundle() -> None:
+    objs = objects(**NO_CERT_MANAGER, **{"webhook.tls.secretName": "my-webhook-cert"})
+    assert not find(objs, "Certificate") and not find(objs, "Issuer")
+    for hook in _configs(objs):
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]).decode() == CA_PEM.strip()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert "annotations" not in one(objs, kind, WEBHOOK)["metadata"]
+    volumes = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["volumes"]
+    assert {"secretName": "my-webhook-cert", "defaultMode": 0o440} in [v.get("secret") for v in volumes]
+
+
+def test_ca_bundle_must_be_pem() -> None:
+    result = render(3, set_json={"certManager.enabled": False, "webhook.tls.caBundle": "bm90IGEgY2VydA=="})
+    assert not result.ok and "caBundle" in result.stderr
+
+
+# ---- helm tests and NOTES ----------------------------------------------------------------------------
+
+
+def _hooks(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+
+
+def test_helm_test_hooks() -> None:
+    objs = objects()
+    hooks = _hooks(objs)
+    pods = {p["metadata"]["name"]: p for p in hooks if p["kind"] == "Pod"}
+    deny = pods[f"{FULLNAME}-test-webhook"]
+    cuda = pods[f"{FULLNAME}-test-cuda"]
+    script = deny["spec"]["containers"][0]["args"][0]
+    assert "--dry-run=server" in script and '--overrides="$DENIED_POD_OVERRIDES"' in script
+    assert 'admission webhook "validate.gpu-stack.io" denied the request' in script
+    env = {e["name"]: e["value"] for e in deny["spec"]["containers"][0]["env"]}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in json.loads(env["DENIED_POD_OVERRIDES"])["spec"][
+        "containers"][0]["env"]
+    # The release namespace is exempt, so the denial is tried in one the webhook covers.
+    assert env["TEST_NAMESPACE"] == "default"
+    assert env["TEST_NAMESPACE"] not in policy_of(objs)["exemptNamespaces"]
+    role = one(hooks, "Role", f"{FULLNAME}-test-webhook")
+    assert role["metadata"]["namespace"] == "default"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    binding = one(hooks, "RoleBinding", f"{FULLNAME}-test-webhook")
+    assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": deny["spec"]["serviceAccountName"],
+                                      "namespace": NAMESPACE}
+    assert cuda["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+    assert cuda["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert cuda["spec"]["restartPolicy"] == "Never"
+    # Helm creates test hooks by ascending weight: RBAC before the pod that needs it.
+    weight = {(h["kind"], h["metadata"]["name"]): int(h["metadata"]["annotations"]["helm.sh/hook-weight"])
+              for h in hooks}
+    assert weight[("Role", f"{FULLNAME}-test-webhook")] < weight[("Pod", f"{FULLNAME}-test-webhook")]
+    assert weight[("RoleBinding", f"{FULLNAME}-test-webhook")] < weight[("Pod", f"{FULLNAME}-test-webhook")]
+
+
+def test_helm_test_in_default_namespace_release() -> None:
+    """Installed into `default` (exempt), the denial test has nowhere to run and is skipped."""
+    objs = render(3, namespace="default").objects()
+    pods = {p["metadata"]["name"]: p for p in _hooks(objs) if p["kind"] == "Pod"}
+    assert f"{FULLNAME}-test-webhook" not in pods
+    assert pods[f"{FULLNAME}-test-cuda"]["metadata"]["namespace"] == "default"
+    objs = render(3, namespace="default", set_json={"webhook.helmTests.namespace": "gpu-check"}).objects()
+    assert one(_hooks(objs), "Role", f"{FULLNAME}-test-webhook")["metadata"]["namespace"] == "gpu-check"
+
+
+def _notes(*extra: str) -> str:
+    # Helm 4 renders NOTES for a client-side dry run without a cluster.
+    result = run_helm(4, ["install", "--dry-run=client", *template_args()[1:], *extra])
+    assert result.ok, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes() -> None:
+    notes = _notes()
+    assert f"kubectl get pods -n {NAMESPACE}" in notes
+    assert "nvidia.com/gpu.count" in notes
+    assert "nvidia.com/device-plugin.config=<config>" in notes
+    assert "--dry-run=server" in notes and "NVIDIA_VISIBLE_DEVICES=all" in notes
+    for name in overlay_values("default")["sharing"]["configs"]:
+        assert f"  - {name}:" in notes
+    assert "webhook: on" in notes
+    assert "WARNING" not in notes
+
+
+def test_notes_warn_about_a_single_fail_closed_replica() -> None:
+    notes = _notes("--set", "webhook.replicas=1", "--set", "webhook.podDisruptionBudget.enabled=false")
+    assert "WARNING: webhook.replicas is 1 with failurePolicy Fail" in notes
