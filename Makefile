@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo lint bench helm clean
+.PHONY: all venv test demo lint bench helm clean fuzz soak
 
 all: test
 
@@ -31,8 +31,20 @@ lint: $(STAMP)
 demo: $(STAMP) helm
 	$(PY) hack/demo.py
 
+# In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
+# baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root). Writes BENCHMARKS.md.
 bench: $(STAMP)
-	$(PY) hack/bench_policy.py
+	$(PY) bench/run_bench.py --out BENCHMARKS.md
+
+# Long property-based run (tests/property, hypothesis profile "fuzz": FUZZ_EXAMPLES per property, default
+# 17000 x 6 properties > 100,000 cases); prints the cases run per property and in total.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-17000} $(PY) -m pytest -n 2 tests/property -q
+
+# 10 minutes (SOAK_SECONDS) at half the measured capacity against `gpu-stack-webhook serve`: zero errors,
+# worker RSS growth under 5% (hack/soak.py).
+soak: $(STAMP)
+	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600}
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache

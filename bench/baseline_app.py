@@ -1,0 +1,71 @@
+"""The allow-all baseline of `make bench`: the cost of serving an AdmissionReview at all.
+
+A bare WSGI app that reads the body, parses the JSON, and answers `allowed: true` with the uid, served
+by gunicorn with exactly the settings of `gpu-stack-webhook serve` (gunicorn_conf.settings: gthread
+workers and threads, TLS hook, keep-alive, limits, JSON logging, preload, Prometheus directory), so the
+only difference from the webhook is the policy work (and the Flask layer around it).
+
+    python bench/baseline_app.py --cert tls.crt --key tls.key --bind 127.0.0.1:9443 [--workers N --threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpu_stack_webhook import gunicorn_conf
+from gunicorn.app.base import BaseApplication
+
+API_VERSION = "admission.k8s.io/v1"
+HEALTHY = b'{"status":"ok"}'
+
+
+def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    if environ["REQUEST_METHOD"] == "GET":
+        out = HEALTHY
+    else:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = json.loads(environ["wsgi.input"].read(length))
+        uid = body["request"]["uid"]
+        out = json.dumps(
+            {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}},
+            separators=(",", ":"),
+        ).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
+    return [out]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args(argv)
+    options = gunicorn_conf.ServeOptions.with_env_defaults(
+        bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers, threads=args.threads
+    )
+    gunicorn_conf.prepare_metrics_dir()
+    settings = {**gunicorn_conf.settings(options), "proc_name": "gpu-stack-baseline"}
+
+    class BaselineServer(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for name, value in settings.items():
+                self.cfg.set(name, value)
+
+        def load(self) -> Callable[..., Any]:
+            return app
+
+    try:
+        BaselineServer(prog="gpu-stack-baseline").run()
+    finally:
+        gunicorn_conf.remove_metrics_dir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
