@@ -25,7 +25,7 @@ test: $(STAMP) helm
 	$(PY) -m pytest -n 2 tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check webhook tests hack
+	$(VENV)/bin/ruff check webhook tests hack bench
 	$(VENV)/bin/mypy
 
 demo: $(STAMP) helm

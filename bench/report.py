@@ -214,7 +214,8 @@ def render(results: dict[str, Any], command: str) -> str:
     w("")
     v_ratio = sat["validate"].med(lambda r: r.rps) / base_rps
     m_ratio = sat["mutate"].med(lambda r: r.rps) / base_rps
-    sus_ok = all(sus[n].errors == 0 and sus[n].med(lambda r: r.rps) >= 0.98 * TARGET_RPS for n in ("validate", "mutate"))
+    sus_ok = all(sus[n].errors == 0 and sus[n].med(lambda r: r.rps) >= 0.98 * TARGET_RPS
+                 for n in ("validate", "mutate"))
     p99_1000 = {n: _lat(paced[1000][n], "p99") / 1000 for n in ("validate", "mutate")} if 1000 in paced else {}
     worker_rss = [wk["rss_kb"] / 1024 for wk in results["memory_after"]["webhook"]["workers"]]
     worker_pss = [wk["pss_kb"] / 1024 for wk in results["memory_after"]["webhook"]["workers"]]

@@ -156,9 +156,8 @@ class Server:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=2) as raw, \
                         context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
                     tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    if tls.recv(64).startswith(b"HTTP/1.1 200"):
-                        if len(self.workers()) >= 1:
-                            return
+                    if tls.recv(64).startswith(b"HTTP/1.1 200") and len(self.workers()) >= 1:
+                        return
             except OSError:
                 pass
             time.sleep(0.2)
@@ -306,7 +305,8 @@ def alternate(wrk: Wrk, targets: list[tuple[str, Server, Path]], rounds: int, se
             run = wrk.run(name, server, manifest, seconds, connections, rate)
             out[name].runs.append(run)
             label = f"{rate}/s" if rate else "saturation"
-            print(f"  round {i + 1} {name:9} {label:10} {run.rps:8.0f} req/s  p50 {run.latency_us['p50'] / 1000:6.2f} ms"
+            print(f"  round {i + 1} {name:9} {label:10} {run.rps:8.0f} req/s"
+                  f"  p50 {run.latency_us['p50'] / 1000:6.2f} ms"
                   f"  p99 {run.latency_us['p99'] / 1000:6.2f} ms  p99.9 {run.latency_us['p999'] / 1000:6.2f} ms"
                   f"  cpu {run.cpu_us_per_review:5.0f} µs/review  errors {run.errors}  conns {run.connections}"
                   f"  late {run.late}", flush=True)

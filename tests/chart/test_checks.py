@@ -23,10 +23,13 @@ FAIL_CASES: list[Any] = [
     pytest.param({"webhook.replicas": 3, "webhook.podDisruptionBudget.minAvailable": 3}, "gpu-stack",
                  "gpu-stack: webhook.podDisruptionBudget.minAvailable (3) must be less than webhook.replicas (3)",
                  id="webhook-pdb-equal"),
-    pytest.param({"certManager.enabled": False}, "gpu-stack",
-                 'gpu-stack: the webhook has no TLS: either set certManager.enabled=true (cert-manager must be '
-                 'installed), or create a kubernetes.io/tls Secret "t-gpu-stack-webhook-tls" in namespace "gpu-stack"',
-                 id="webhook-no-tls"),
+    pytest.param({"webhook.tls.mode": "secret"}, "gpu-stack",
+                 "gpu-stack: webhook.tls.mode is secret but webhook.tls.caBundle is empty: create a kubernetes.io/tls "
+                 'Secret "t-gpu-stack-webhook-tls" in namespace "gpu-stack"',
+                 id="webhook-secret-mode-without-ca"),
+    pytest.param({"webhook.tls.caBundle": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"},
+                 "gpu-stack", "gpu-stack: webhook.tls.caBundle is set but webhook.tls.mode is self-managed, which sets "
+                 "the caBundle itself", id="webhook-ca-bundle-ignored"),
     pytest.param({"webhook.helmTests.namespace": "kube-system"}, "gpu-stack",
                  'gpu-stack: webhook.helmTests.namespace "kube-system" is exempt from the webhook '
                  "(exempt: gpu-stack, kube-system)",
@@ -89,9 +92,10 @@ def test_valid_neighbours_of_fail_cases_render() -> None:
     for set_json in (
         {"webhook.replicas": 1, "webhook.podDisruptionBudget.enabled": False},
         {"webhook.replicas": 3, "webhook.podDisruptionBudget.minAvailable": 2},
-        {"certManager.enabled": False, "webhook.tls.caBundle": ca},
+        {"webhook.tls.mode": "secret", "webhook.tls.caBundle": ca},
+        {"webhook.tls.mode": "cert-manager"},
         {"webhook.helmTests.namespace": "ml"},
-        {"webhook.enabled": False, "certManager.enabled": False},
+        {"webhook.enabled": False, "webhook.tls.mode": "secret"},
     ):
         result = render(3, set_json=set_json)
         assert result.ok, (set_json, result.stderr)

@@ -36,9 +36,11 @@ PEM_2 = "-----BEGIN CERTIFICATE-----\nQkJCQg==\n-----END CERTIFICATE-----"
 # Values that only matter when another value is set: their check renders on top of this context
 # (matched by path prefix, longest last).
 CONTEXTS: dict[str, dict[str, Any]] = {
-    "webhook.tls.caBundle": {"certManager": {"enabled": False}, "webhook": {"tls": {"caBundle": PEM_1}}},
+    "webhook.tls.caBundle": {"webhook": {"tls": {"mode": "secret", "caBundle": PEM_1}}},
+    "certManager": {"webhook": {"tls": {"mode": "cert-manager"}}},
     "migManager": {"migManager": {"enabled": True}, "sharing": {"configs": {"default": {"migStrategy": "single"}}}},
     "dcgmExporter.serviceMonitor": {"dcgmExporter": {"serviceMonitor": {"enabled": True}}},
+    "webhook.networkPolicy.from": {"webhook": {"networkPolicy": {"enabled": True}}},
     "mpsControlDaemon": {"sharing": {"configs": {"mps-x4": {"mps": {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
 }
@@ -50,6 +52,7 @@ EXAMPLES: dict[str, Any] = {
     "migManager.extraConfigs": {"example": [{"devices": "all", "mig-enabled": False}]},
     "webhook.rbac.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
     "webhook.rbac.extraClusterRules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+    "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
 }
 
 

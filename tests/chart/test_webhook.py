@@ -33,7 +33,12 @@ TLS_SECRET = f"{WEBHOOK}-tls"
 CA_PEM = (
     "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIUY2hhcnQtdGVzdC1jYQ==\n-----END CERTIFICATE-----\n"
 )
-NO_CERT_MANAGER = {"certManager.enabled": False, "webhook.tls.caBundle": CA_PEM}
+NO_CERT_MANAGER = {"webhook.tls.mode": "secret", "webhook.tls.caBundle": CA_PEM}
+CERT_MANAGER = {"webhook.tls.mode": "cert-manager"}
+SELF_MANAGED_ARGS = [
+    "--tls-mode", "self-managed", "--cert-dir", "/run/gpu-stack/tls", "--tls-secret", TLS_SECRET,
+    "--namespace", NAMESPACE, "--service", WEBHOOK, "--mutating-webhook-configuration", WEBHOOK,
+    "--validating-webhook-configuration", WEBHOOK]
 OVERLAYS = overlays()
 
 
@@ -124,21 +129,42 @@ def test_deployment_basics() -> None:
     assert dep["spec"]["replicas"] == 2
     (container,) = spec["containers"]
     assert container["image"] == "ghcr.io/gpu-stack/gpu-stack-webhook:0.1.0"
+    # self-managed TLS (the default) and cluster lookups: the webhook is told its Secret, Service and configurations
     assert container["command"] + container["args"] == [
-        "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy.yaml",
-        "--cert", "/etc/gpu-stack/tls/tls.crt", "--key", "/etc/gpu-stack/tls/tls.key", "--bind", "0.0.0.0:8443"]
-    assert {"name": "GPU_STACK_WEBHOOK_CONFIG", "value": "/etc/gpu-stack/policy.yaml"} in container["env"]
+        "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy/policy.yaml", *SELF_MANAGED_ARGS,
+        "--cluster-lookups", "--bind", "0.0.0.0:8443"]
+    assert {"name": "GPU_STACK_WEBHOOK_CONFIG", "value": "/etc/gpu-stack/policy/policy.yaml"} in container["env"]
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert spec["priorityClassName"] == "system-cluster-critical"
-    assert spec["automountServiceAccountToken"] is False
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert spec["automountServiceAccountToken"] is True  # it talks to the API
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes[mounts["/etc/gpu-stack/policy.yaml"]]["configMap"]["name"] == POLICY_CM
-    assert volumes[mounts["/etc/gpu-stack/tls"]]["secret"]["secretName"] == TLS_SECRET
-    assert "emptyDir" in volumes[mounts["/tmp"]]
+    # a directory mount (no subPath), so ConfigMap updates reach the running webhook, which reloads them
+    policy_mount = mounts["/etc/gpu-stack/policy"]
+    assert "subPath" not in policy_mount and policy_mount["readOnly"] is True
+    assert volumes[policy_mount["name"]]["configMap"]["name"] == POLICY_CM
+    # no Secret volume (the pod starts before the Secret exists): the webhook writes the pair to an emptyDir
+    assert "emptyDir" in volumes[mounts["/run/gpu-stack/tls"]["name"]]
+    assert not mounts["/run/gpu-stack/tls"].get("readOnly")
+    assert not [v for v in spec["volumes"] if "secret" in v]
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+
+
+def test_deployment_with_a_mounted_certificate() -> None:
+    for values in (NO_CERT_MANAGER, CERT_MANAGER):
+        dep = _deployment(**values, **{"webhook.lookups.enabled": False})
+        spec = dep["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        assert container["args"] == ["serve", "--config", "/etc/gpu-stack/policy/policy.yaml", "--cert",
+                                     "/etc/gpu-stack/tls/tls.crt", "--key", "/etc/gpu-stack/tls/tls.key", "--bind",
+                                     "0.0.0.0:8443"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes[mounts["/etc/gpu-stack/tls"]]["secret"]["secretName"] == TLS_SECRET
+        assert spec["automountServiceAccountToken"] is False  # no API access at all
 
 
 def test_deployment_spreads_across_nodes() -> None:
@@ -239,12 +265,46 @@ def test_pdb() -> None:
     assert not find(objects(**{"webhook.podDisruptionBudget.enabled": False}), "PodDisruptionBudget")
 
 
-def test_least_privilege_rbac_by_default() -> None:
+SELF_MANAGED_ROLE = [
+    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET], "verbs": ["get", "update"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+]
+SELF_MANAGED_CLUSTER_RULE = {"apiGroups": ["admissionregistration.k8s.io"],
+                             "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+                             "resourceNames": [WEBHOOK], "verbs": ["get", "patch"]}
+LOOKUP_CLUSTER_RULE = {"apiGroups": [""], "resources": ["configmaps", "namespaces"], "verbs": ["get"]}
+RBAC_KINDS = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
+def _webhook_rbac(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] in RBAC_KINDS and o["metadata"]["name"] == WEBHOOK]
+
+
+def test_rbac_is_exactly_what_self_managed_tls_and_lookups_need() -> None:
     objs = objects()
-    assert one(objs, "ServiceAccount", WEBHOOK)["automountServiceAccountToken"] is False
-    rbac_kinds = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
-    webhook_rbac = [o for o in objs if o["kind"] in rbac_kinds and o["metadata"]["name"] == WEBHOOK]
-    assert webhook_rbac == []
+    assert one(objs, "ServiceAccount", WEBHOOK)["automountServiceAccountToken"] is False  # the pod opts in
+    role = one(objs, "Role", WEBHOOK)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == SELF_MANAGED_ROLE
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE]
+    # nothing for Secrets cluster-wide, anywhere in the webhook's rules
+    cluster_resources = {r for rule in one(objs, "ClusterRole", WEBHOOK)["rules"] for r in rule["resources"]}
+    assert "secrets" not in cluster_resources
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        binding = one(objs, kind, WEBHOOK)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": WEBHOOK}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": NAMESPACE}]
+
+
+def test_rbac_follows_the_tls_mode_and_lookups() -> None:
+    objs = objects(**CERT_MANAGER)
+    assert not find(objs, "Role", WEBHOOK)
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [LOOKUP_CLUSTER_RULE]
+    objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False})
+    assert _webhook_rbac(objs) == []
+    assert one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    objs = objects(**{"webhook.lookups.enabled": False})
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE]
 
 
 def test_rbac_values_hook() -> None:
@@ -252,6 +312,10 @@ def test_rbac_values_hook() -> None:
     crule = {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
              "verbs": ["get", "patch"]}
     objs = objects(**{"webhook.rbac.extraRules": [rule], "webhook.rbac.extraClusterRules": [crule]})
+    assert one(objs, "Role", WEBHOOK)["rules"] == [*SELF_MANAGED_ROLE, rule]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE, crule]
+    objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False, "webhook.rbac.extraRules": [rule],
+                                      "webhook.rbac.extraClusterRules": [crule]})
     assert one(objs, "Role", WEBHOOK)["rules"] == [rule]
     assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [crule]
     for kind in ("RoleBinding", "ClusterRoleBinding"):
@@ -331,8 +395,32 @@ def test_webhook_disabled_renders_no_webhook_objects() -> None:
 # ---- TLS -----------------------------------------------------------------------------------------------
 
 
-def test_cert_manager_chain() -> None:
+def test_self_managed_tls_renders_no_certificate_and_no_ca_bundle() -> None:
     objs = objects()
+    assert not find(objs, "Certificate") and not find(objs, "Issuer") and not find(objs, "Secret", TLS_SECRET)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(objs, kind, WEBHOOK)
+        assert "annotations" not in config["metadata"]  # no cainjector
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]  # the webhook patches it
+    # what the webhook is told to patch and to serve is what the chart renders
+    args = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
+    flag = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert flag["--mutating-webhook-configuration"] == one(objs, "MutatingWebhookConfiguration", WEBHOOK)[
+        "metadata"]["name"]
+    assert flag["--validating-webhook-configuration"] == one(objs, "ValidatingWebhookConfiguration", WEBHOOK)[
+        "metadata"]["name"]
+    assert flag["--service"] == one(objs, "Service", WEBHOOK)["metadata"]["name"]
+    assert flag["--namespace"] == NAMESPACE and flag["--tls-secret"] == TLS_SECRET
+
+
+def test_two_renders_are_byte_identical() -> None:
+    first = run_helm(3, template_args())
+    second = run_helm(3, template_args())
+    assert first.ok and first.stdout == second.stdout
+
+
+def test_cert_manager_chain() -> None:
+    objs = objects(**CERT_MANAGER)
     issuers = {o["metadata"]["name"]: o for o in find(objs, "Issuer")}
     certs = {o["metadata"]["name"]: o for o in find(objs, "Certificate")}
     selfsigned, ca_issuer = issuers[f"{WEBHOOK}-selfsigned"], issuers[f"{WEBHOOK}-ca"]
@@ -364,7 +452,7 @@ def test_user_provided_tls_secret_and_ca_bundle() -> None:
 
 
 def test_ca_bundle_must_be_pem() -> None:
-    result = render(3, set_json={"certManager.enabled": False, "webhook.tls.caBundle": "bm90IGEgY2VydA=="})
+    result = render(3, set_json={"webhook.tls.mode": "secret", "webhook.tls.caBundle": "bm90IGEgY2VydA=="})
     assert not result.ok and "caBundle" in result.stderr
 
 
@@ -432,6 +520,7 @@ def test_notes() -> None:
     for name in overlay_values("default")["sharing"]["configs"]:
         assert f"  - {name}:" in notes
     assert "webhook: on" in notes
+    assert "TLS (self-managed): the webhook keeps its CA and certificate in Secret t-gpu-stack-webhook-tls" in notes
     assert "WARNING" not in notes
 
 

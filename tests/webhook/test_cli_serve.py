@@ -91,11 +91,11 @@ def test_a_bad_worker_count_from_the_environment_stops_serve(
 
 def test_serve_flags_are_those_the_chart_passes() -> None:
     args = build_parser().parse_args(
-        ["serve", "--config", "/etc/gpu-stack/policy.yaml", "--cert", "/etc/gpu-stack/tls/tls.crt",
+        ["serve", "--config", "/etc/gpu-stack/policy/policy.yaml", "--cert", "/etc/gpu-stack/tls/tls.crt",
          "--key", "/etc/gpu-stack/tls/tls.key", "--bind", "0.0.0.0:8443"]
     )
     assert (args.config, args.cert, args.key, args.bind) == (
-        "/etc/gpu-stack/policy.yaml", "/etc/gpu-stack/tls/tls.crt", "/etc/gpu-stack/tls/tls.key", "0.0.0.0:8443"
+        "/etc/gpu-stack/policy/policy.yaml", "/etc/gpu-stack/tls/tls.crt", "/etc/gpu-stack/tls/tls.key", "0.0.0.0:8443"
     )
     assert args.workers is None and args.threads is None  # environment, then defaults
 

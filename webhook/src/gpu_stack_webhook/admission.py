@@ -79,7 +79,7 @@ def parse_review(body: Any) -> AdmissionRequest:
     if not isinstance(kind, Mapping) or not isinstance(kind.get("kind"), str):
         raise BadReview("request.kind is missing")
     operation = request.get("operation")
-    if operation not in OPERATIONS:
+    if not isinstance(operation, str) or operation not in OPERATIONS:  # a list or object is unhashable
         raise BadReview(f"request.operation {operation!r} is not one of {sorted(OPERATIONS)}")
     obj, old = request.get("object"), request.get("oldObject")
     for key, value in (("object", obj), ("oldObject", old)):

@@ -41,6 +41,7 @@ from .config import CONFIG_ENV, PolicyConfig, load_config
 from .engine import JUDGED_KINDS, Endpoint, Policy
 from .facts import OFFLINE, ClusterFacts
 from .gunicorn_conf import MULTIPROC_ENV
+from .reloader import serving_policy
 from .rules import RULES, Rule
 
 DECISION_LOGGER = "gpu_stack_webhook.decisions"
@@ -333,7 +334,7 @@ def create_app(config: AppConfig) -> Flask:
     app = Flask("gpu_stack_webhook")
     # Werkzeug rejects a larger Content-Length up front and stops a chunked body at the limit.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
-    policy = Policy(config.policy, rules=config.rules, facts=config.facts)
+    policy = serving_policy(config.policy, config.policy_path, rules=config.rules, facts=config.facts)  # reloader.py
     metrics = Metrics()
     limit = config.max_request_bytes
     app.extensions["gpu_stack"] = {"policy": policy, "metrics": metrics, "config": config}

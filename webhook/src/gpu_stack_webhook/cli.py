@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import dataclasses
 import json
+import logging.config
 import os
 import ssl
 import sys
@@ -28,7 +30,7 @@ import jsonpatch
 import yaml
 from gunicorn.app.base import BaseApplication
 
-from . import gunicorn_conf
+from . import cluster, gunicorn_conf
 from .admission import API_VERSION, REASONS
 from .config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
 from .engine import Endpoint, Policy
@@ -75,9 +77,13 @@ def serve(args: argparse.Namespace) -> int:
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
     try:
         policy = _load_policy(config_path)
-        _check_tls_files(args.cert, args.key)
+        if args.tls_mode != "files" or args.cluster_lookups:  # the setup logs as gunicorn will: JSON lines
+            logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
+        prepared = cluster.prepare(args)  # self-managed TLS: Secret, caBundle and files, before binding
+        _check_tls_files(prepared.certfile, prepared.keyfile)
         options = gunicorn_conf.ServeOptions.with_env_defaults(
-            bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers, threads=args.threads
+            bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
+            threads=args.threads
         )
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
@@ -87,11 +93,13 @@ def serve(args: argparse.Namespace) -> int:
     try:
         from .app import AppConfig, create_app  # noqa: PLC0415 (after prepare_metrics_dir, see above)
 
-        app_config = AppConfig(policy=policy, policy_path=config_path)
+        app_config = AppConfig(policy=policy, policy_path=config_path, facts=prepared.facts)
+        if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
+            app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
 
         class WebhookServer(BaseApplication):  # type: ignore[misc,unused-ignore]
             def load_config(self) -> None:
-                for name, value in gunicorn_conf.settings(options).items():
+                for name, value in {**gunicorn_conf.settings(options), **prepared.gunicorn_settings}.items():
                     self.cfg.set(name, value)
 
             def load(self) -> Flask:
@@ -279,12 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = commands.add_parser("serve", help="serve /mutate and /validate over TLS (gunicorn)")
     srv.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
-    srv.add_argument("--cert", required=True, help="TLS certificate chain (PEM)")
-    srv.add_argument("--key", required=True, help="TLS private key (PEM)")
+    srv.add_argument("--cert", help="TLS certificate chain (PEM); required unless --tls-mode self-managed")
+    srv.add_argument("--key", help="TLS private key (PEM); required unless --tls-mode self-managed")
     srv.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT to listen on (default %(default)s)")
     srv.add_argument("--workers", type=_positive, help="worker processes (default $GPU_STACK_WEBHOOK_WORKERS or 2)")
     srv.add_argument("--threads", type=_positive, help="threads per worker (default $GPU_STACK_WEBHOOK_THREADS or 4)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cluster.add_arguments(srv)
     srv.set_defaults(func=serve)
 
     chk = commands.add_parser("check", help="evaluate manifests offline as if they were created")

@@ -106,6 +106,9 @@ class MpsPolicy(_Strict):
         Toleration(key=MPS_TAINT_KEY, operator="Exists", effect="NoSchedule"),
     )
     inject_host_ipc: bool = Field(True, alias="injectHostIPC")
+    # With API lookups on, an MPS pod in a namespace enforcing Pod Security baseline/restricted (which
+    # forbid hostIPC): `deny` it with an explanation, or `skip` adding hostIPC (with a warning).
+    pod_security_conflict: Literal["deny", "skip"] = Field("deny", alias="podSecurityConflict")
 
 
 class GpuResources(_Strict):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .admission import AdmissionRequest, Decision
 from .config import PolicyConfig
+from .facts import OFFLINE, ClusterFacts
 from .findings import Finding, Severity
 from .pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
 from .rules import RULES, Rule
@@ -72,18 +73,24 @@ def warning_text(finding: Finding) -> str:
 class Policy:
     """A loaded config compiled once; `review` and `evaluate` are called per request."""
 
-    def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES) -> None:
+    def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES, facts: ClusterFacts = OFFLINE) -> None:
         self.config = config
+        self.facts = facts
         disabled = set(config.rules.disabled)
         self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
         self._patching = Context.for_config(config, can_patch=True)
         self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)
         self._exempt = frozenset(config.exempt_namespaces)
 
-    def evaluate(self, obj: Mapping[str, Any], kind: str, *, can_patch: bool = False) -> Evaluation:
-        """Run every enabled rule on the pod spec of `obj`. Raises NotAPodError, RuleCrashed."""
+    def evaluate(self, obj: Mapping[str, Any], kind: str, *, can_patch: bool = False, namespace: str = "",
+                 facts: ClusterFacts | None = None) -> Evaluation:
+        """Run every enabled rule on the pod spec of `obj`. Raises NotAPodError, RuleCrashed.
+        `facts` (default: the policy's) answer cluster lookups for objects in `namespace`."""
         pod = PodView.of(obj, kind)
         ctx = self._patching if can_patch and kind == "Pod" else self._judging
+        facts = self.facts if facts is None else facts
+        if facts.online and namespace:
+            ctx = replace(ctx, facts=facts, namespace=namespace)
         findings: list[Finding] = []
         for rule in self.rules:
             try:
@@ -92,16 +99,17 @@ class Policy:
                 raise RuleCrashed(rule, error) from error
         return Evaluation(tuple(findings))
 
-    def review(self, request: AdmissionRequest, endpoint: Endpoint) -> Decision:
+    def review(self, request: AdmissionRequest, endpoint: Endpoint, facts: ClusterFacts | None = None) -> Decision:
         skipped = self._skip_reason(request, endpoint)
         if skipped:
             return Decision(allowed=True, skipped=skipped)
         assert request.object is not None
         can_patch = endpoint is Endpoint.MUTATE and request.kind == "Pod" and request.operation == "CREATE"
         try:
-            evaluation = self.evaluate(request.object, request.kind, can_patch=can_patch)
+            ns = request.namespace
+            evaluation = self.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts)
             if request.operation == "UPDATE" and request.old_object is not None:
-                evaluation = self._new_findings(evaluation, request.old_object, request.kind)
+                evaluation = self._new_findings(evaluation, request.old_object, request.kind, ns, facts)
         except NotAPodError as error:
             return Decision(allowed=False, code=400, message=f"gpu-stack: {error}", rules=())
         except RuleCrashed as crash:
@@ -123,9 +131,10 @@ class Policy:
             return "UPDATE is not mutated"
         return ""
 
-    def _new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str) -> Evaluation:
+    def _new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str, namespace: str = "",
+                      facts: ClusterFacts | None = None) -> Evaluation:
         try:
-            before = set(self.evaluate(old_object, kind).findings)
+            before = set(self.evaluate(old_object, kind, namespace=namespace, facts=facts).findings)
         except NotAPodError:
             return evaluation
         return Evaluation(tuple(f for f in evaluation.findings if f not in before))
@@ -135,7 +144,7 @@ class Policy:
         if endpoint is Endpoint.MUTATE:
             if any(f.deny_early for f in denials):
                 return self._deny(denials)
-            changes = [f for f in evaluation.warnings if f.patch]
+            changes = [f for f in evaluation.warnings if f.patch or f.on_mutate]
             return Decision(
                 allowed=True,
                 warnings=tuple(warning_text(f) for f in changes),

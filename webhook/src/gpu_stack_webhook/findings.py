@@ -25,6 +25,8 @@ class Finding:
     patch: tuple[JsonPatchOp, ...] = field(default=(), compare=False)
     # Kubernetes itself rejects this before the validating webhooks run, so the mutating pass denies it.
     deny_early: bool = field(default=False, compare=False)
+    # A warning without a patch that the mutating pass still reports (e.g. an injection it skipped).
+    on_mutate: bool = field(default=False, compare=False)
 
     @property
     def denies(self) -> bool:

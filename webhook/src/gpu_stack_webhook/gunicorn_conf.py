@@ -27,6 +27,8 @@ from typing import Any
 
 from gunicorn import glogging
 
+from . import slowclients
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 WORKERS_ENV = "GPU_STACK_WEBHOOK_WORKERS"
 THREADS_ENV = "GPU_STACK_WEBHOOK_THREADS"
@@ -83,7 +85,18 @@ class ServeOptions:
 
 
 def ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    """gunicorn hook: the default context (cert chain, no client certs) with TLS 1.2 as the floor."""
+    """gunicorn hook: the default context (cert chain, no client certs) with TLS 1.2 as the floor.
+    With a certfile configured, one context per worker process that reloads a renewed certificate on
+    the next handshake (tls_reload.py) instead of reading the files for every connection."""
+    certfile, keyfile = getattr(conf, "certfile", None), getattr(conf, "keyfile", None)
+    if isinstance(certfile, str) and isinstance(keyfile, str):
+        from .tls_reload import reloading_context  # noqa: PLC0415
+
+        return reloading_context(certfile, keyfile, lambda: _tls_context(default_ssl_context_factory))
+    return _tls_context(default_ssl_context_factory)
+
+
+def _tls_context(default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
     context = default_ssl_context_factory()
     # MINIMUM_SUPPORTED (-2) and real versions below 1.2 are raised; a stricter floor (1.3) is kept.
     context.minimum_version = max(context.minimum_version, MIN_TLS_VERSION)
@@ -174,6 +187,8 @@ def settings(options: ServeOptions) -> dict[str, Any]:
         "logconfig_dict": logging_config(options.log_level.upper()),
         "loglevel": options.log_level,
         "child_exit": child_exit,
+        # A per-request deadline so slow clients cannot pin every gthread thread (slowclients.py).
+        "post_worker_init": slowclients.post_worker_init,
         "on_exit": on_exit,
         "proc_name": "gpu-stack-webhook",
         # The gunicornc control socket would need a writable $HOME; nothing here uses it.

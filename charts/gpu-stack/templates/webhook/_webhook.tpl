@@ -3,7 +3,7 @@
 {{- include "gpu-stack.componentName" (dict "root" . "component" "webhook") }}
 {{- end }}
 
-{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key). */}}
+{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key; self-managed: also the CA). */}}
 {{- define "gpu-stack.webhook.tlsSecretName" -}}
 {{- .Values.webhook.tls.secretName | default (printf "%s-tls" (include "gpu-stack.webhook.name" .)) }}
 {{- end }}
@@ -42,7 +42,7 @@ the nodes expose.
       "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
       "maxRequestBytes" (int64 $p.maxRequestBytes)
       "sharing" $sharing
-      "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC)
+      "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC "podSecurityConflict" $p.mps.podSecurityConflict)
       "rules" (dict "disabled" $p.rules.disabled "migUnexposed" $p.rules.migUnexposed) }}
 {{- toYaml $policy }}
 {{- end }}
@@ -69,14 +69,17 @@ clientConfig:
     namespace: {{ $root.Release.Namespace }}
     path: {{ .path }}
     port: 443
-  {{- if and (not $root.Values.certManager.enabled) $root.Values.webhook.tls.caBundle }}
+  {{- if and (eq $root.Values.webhook.tls.mode "secret") $root.Values.webhook.tls.caBundle }}
   caBundle: {{ $root.Values.webhook.tls.caBundle | trim | b64enc }}
   {{- end }}
 {{- end }}
 
-{{/* Metadata annotations of the webhook configurations (cert-manager's cainjector fills caBundle). */}}
+{{/*
+Metadata annotations of the webhook configurations: cert-manager's cainjector fills caBundle in mode
+cert-manager; in mode self-managed the webhook patches it itself (and no caBundle is rendered).
+*/}}
 {{- define "gpu-stack.webhook.configAnnotations" -}}
-{{- if .Values.certManager.enabled }}
+{{- if eq .Values.webhook.tls.mode "cert-manager" }}
 annotations:
   cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpu-stack.webhook.certificateName" .) }}
 {{- end }}
@@ -109,4 +112,15 @@ so the only thing wrong with it is NVIDIA_VISIBLE_DEVICES=all (webhook rule GPU0
       "securityContext" (dict "runAsNonRoot" true "runAsUser" 65532 "seccompProfile" (dict "type" "RuntimeDefault"))
       "containers" (list $container) }}
 {{- toJson (dict "spec" $spec) }}
+{{- end }}
+
+{{/* "true" when the webhook manages its own TLS (Secret, CA, caBundle). */}}
+{{- define "gpu-stack.webhook.selfManagedTLS" -}}
+{{- if eq .Values.webhook.tls.mode "self-managed" }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the webhook pods talk to the Kubernetes API (they then get a ServiceAccount token). */}}
+{{- define "gpu-stack.webhook.needsApi" -}}
+{{- $w := .Values.webhook }}
+{{- if or (include "gpu-stack.webhook.selfManagedTLS" .) $w.lookups.enabled $w.rbac.extraRules $w.rbac.extraClusterRules }}true{{ end }}
 {{- end }}

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..config import PolicyConfig
+from ..facts import OFFLINE, ClusterFacts
 from ..pod import ContainerRef, PodView, parse_count
 from ..sharing import NodeConfig, SharingIndex
 
@@ -18,6 +19,10 @@ class Context:
     sharing: SharingIndex = field(compare=False)
     # True only for a Pod being created through /mutate: the one case where rules may emit patches.
     can_patch: bool = False
+    # What the cluster says (facts.py); offline unless the webhook runs with API lookups.
+    facts: ClusterFacts = field(default=OFFLINE, compare=False)
+    # The namespace of the object under review ("" offline: rules then never ask `facts`).
+    namespace: str = ""
 
     @classmethod
     def for_config(cls, config: PolicyConfig, *, can_patch: bool = False) -> Context:

@@ -7,6 +7,13 @@ or the device plugin config label naming an MPS config), or when it carries the 
 `mps.injectHostIPC` is on), each configured MPS toleration that is missing, and for an annotation
 opt-in the MPS node selector. Each change is a warning that says why. Every change checks what is
 already there first, so a reinvoked webhook adds nothing twice.
+
+With API lookups (ctx.facts online) the namespace's enforced Pod Security level is read first: where
+`baseline` or `restricted` forbids hostIPC, adding it would only get the pod rejected by PodSecurity
+with a message about hostIPC the user never set. Then `mps.podSecurityConflict: deny` denies the pod
+(and, on /validate, a workload whose pods would be) saying why and what to change; `skip` leaves
+hostIPC out with a warning. When the level cannot be read the offline behaviour applies and the
+change's warning says that Pod Security was not checked.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..facts import FORBID_HOST_IPC
 from ..findings import Finding, JsonPatchOp, Severity
 from ..pod import PodView, pointer_token
 from ..sharing import Strategy
@@ -83,16 +91,33 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     if conflict:
         yield conflict
         return
+    wants_host_ipc = mps.inject_host_ipc and pod.spec.get("hostIPC") is not True
+    level, unchecked = _pod_security(ctx) if wants_host_ipc else ("", "")
+    if level and mps.pod_security_conflict == "deny" and (ctx.can_patch or pod.is_template):
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f'MPS pods ({reason}) get hostIPC, which Pod Security "{level}" enforced in namespace {ctx.namespace} '
+            f"forbids, so the pod would be rejected; label the namespace pod-security.kubernetes.io/enforce="
+            f"privileged, or set the webhook policy mps.injectHostIPC=false (NVIDIA MPS does not need hostIPC)",
+            f"{pod.path}.hostIPC",
+            deny_early=True,
+        )
+        return
     if not ctx.can_patch:
         if pod.is_template:
             yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
         return
     base = pod.pointer
-    if mps.inject_host_ipc and pod.spec.get("hostIPC") is not True:
+    if wants_host_ipc and level:
+        yield Finding(ID, Severity.WARN, f'hostIPC not added for MPS: namespace enforces Pod Security "{level}"',
+                      f"{pod.path}.hostIPC", on_mutate=True)
+    elif wants_host_ipc:
         yield Finding(
             ID,
             Severity.WARN,
-            f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
+            f"hostIPC=true for MPS ({reason}); Pod Security unchecked: {unchecked}" if unchecked
+            else f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
             f"{pod.path}.hostIPC",
             patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
         )
@@ -143,3 +168,14 @@ def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[F
     labels = ", ".join(f"{k}={v}" for k, v in missing.items())
     yield Finding(ID, Severity.WARN, f"added nodeSelector {labels} ({reason})", f"{pod.path}.nodeSelector",
                   patch=ops)
+
+
+def _pod_security(ctx: Context) -> tuple[str, str]:
+    """(the enforced level when it forbids hostIPC, else ""; why it is unknown, "" when known or offline)."""
+    if not (ctx.facts.online and ctx.namespace):
+        return "", ""
+    fact = ctx.facts.pod_security_enforce(ctx.namespace)
+    if not fact.known:
+        return "", fact.note or "unknown"
+    level = str(fact.value or "")
+    return (level if level in FORBID_HOST_IPC else ""), ""

@@ -4,6 +4,9 @@ The NVIDIA container runtime hands a container every GPU this variable names, wh
 plugin allocated, so it is forbidden in every pod, GPU or not: as an `env` entry (value or
 valueFrom), or through an `envFrom` prefix that could produce the name. An `envFrom` without a
 prefix imports whatever keys its ConfigMap or Secret holds, which cannot be seen offline: a warning.
+With API lookups (ctx.facts online) the ConfigMap is read: holding the key is a denial, not holding it
+no finding at all. Secrets are never read, so a secretRef without a prefix keeps its warning; so does
+a ConfigMap that does not exist yet or could not be read (the warning says why).
 """
 
 from __future__ import annotations
@@ -55,9 +58,28 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                     path,
                 )
             elif not prefix:
-                yield Finding(
-                    ID,
-                    Severity.WARN,
-                    f"{container.label}: envFrom {_source(entry)} has no prefix; it must not hold {VARIABLE}",
-                    path,
-                )
+                yield from _unprefixed(container.label, entry, path, ctx)
+
+
+def _unprefixed(label: str, entry: Mapping[str, object], path: str, ctx: Context) -> Iterator[Finding]:
+    warning = f"{label}: envFrom {_source(entry)} has no prefix; it must not hold {VARIABLE}"
+    ref = entry.get("configMapRef")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not (ctx.facts.online and ctx.namespace and isinstance(name, str) and name):
+        yield Finding(ID, Severity.WARN, warning, path)
+        return
+    fact = ctx.facts.configmap_keys(ctx.namespace, name)
+    if not fact.known:
+        yield Finding(ID, Severity.WARN, f'{label}: ConfigMap "{name}" unchecked: {fact.note}; must not hold '
+                      f"{VARIABLE}", path)
+    elif fact.value is None:
+        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" not found (yet); it must not '
+                      f"hold {VARIABLE}", path)
+    elif VARIABLE in fact.value:
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f'{label} imports ConfigMap "{name}" (envFrom, no prefix), which holds {VARIABLE}; GPUs are '
+            f"assigned by the device plugin: remove that key or set an envFrom prefix",
+            path,
+        )

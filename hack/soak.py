@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""`make soak`: the webhook under steady load for a long time, at half of its measured capacity.
+
+    .venv/bin/python hack/soak.py [--seconds 600] [--connections 16] [--rate N]
+
+1. starts `gpu-stack-webhook serve` over TLS (workers/threads as deployed, or $GPU_STACK_WEBHOOK_*),
+2. measures capacity: wrk closed loop for --capacity-seconds over the /validate + /mutate mix of
+   bench/bodies.py (skipped with --rate),
+3. warms up for --warmup seconds at half of it, then samples the RSS of every worker,
+4. runs wrk paced at that rate (bench/mix.lua keeps a fixed send schedule) for --seconds
+   ($SOAK_SECONDS through make),
+5. samples the RSS again and prints the figures.
+
+Passes (exit 0) with zero errors (socket errors and non-2xx), the same worker processes at the end
+(none died and was replaced), and every worker's RSS growth under 5 %. Loopback only; every wrk run is
+bounded by its duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import bodies  # noqa: E402
+from gpu_stack_webhook.certs import make_ca, make_serving_cert  # noqa: E402
+from run_bench import VENV_BIN, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
+
+MAX_RSS_GROWTH = 0.05
+
+
+def rss_kb(server: Server) -> dict[int, int]:
+    return {pid: _status_kb(pid, "VmRSS") for pid in sorted(server.workers())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=int(os.environ.get("SOAK_SECONDS", "600")))
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--capacity-seconds", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rate", type=int, default=0, help="requests/s to hold (default: half the measured capacity)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    wrk_binary = ensure_wrk()
+
+    with tempfile.TemporaryDirectory(prefix="gpu-stack-soak-") as tmp_name:
+        tmp = Path(tmp_name)
+        ca = make_ca()
+        serving = make_serving_cert(ca, ["localhost"], ["127.0.0.1"])
+        (tmp / "ca.crt").write_bytes(ca.cert_pem)
+        (tmp / "tls.crt").write_bytes(serving.cert_pem)
+        (tmp / "tls.key").write_bytes(serving.key_pem)
+        (tmp / "policy.yaml").write_text("{}\n")
+        manifest = bodies.write_manifest(bodies.mix("validate") + bodies.mix("mutate"), tmp / "bodies", "soak")
+        port = free_port()
+        server = Server("webhook", [str(VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(tmp / "policy.yaml"),
+                                    "--cert", str(tmp / "tls.crt"), "--key", str(tmp / "tls.key"),
+                                    "--bind", f"127.0.0.1:{port}"],
+                        port, tmp / "ca.crt", tmp / "webhook.log")
+        wrk = Wrk(wrk_binary, tmp)
+        server.start()
+        try:
+            rate = args.rate
+            if not rate:
+                capacity = wrk.run("capacity", server, manifest, args.capacity_seconds, args.connections)
+                rate = max(1, int(capacity.rps / 2))
+                print(f"capacity: {capacity.rps:.0f} reviews/s closed loop ({args.connections} connections, "
+                      f"{capacity.errors} errors); soak rate {rate}/s", flush=True)
+            warm = wrk.run("warm-up", server, manifest, args.warmup, args.connections, rate=rate)
+            start_rss = rss_kb(server)
+            print(f"warm-up: {warm.requests} reviews in {warm.seconds:.0f}s, {warm.errors} errors; "
+                  f"worker RSS {start_rss} kB", flush=True)
+            began = time.monotonic()
+            soak = wrk.run("soak", server, manifest, args.seconds, args.connections, rate=rate)
+            end_rss = rss_kb(server)
+            elapsed = time.monotonic() - began
+        finally:
+            server.stop()
+
+    growth = {pid: (end_rss[pid] - kb) / kb for pid, kb in start_rss.items() if pid in end_rss and kb}
+    same_workers = set(start_rss) == set(end_rss)
+    print(f"soak: {soak.seconds:.0f}s ({elapsed:.0f}s wall) at {rate}/s target: {soak.requests} reviews, "
+          f"{soak.rps:.0f}/s achieved, {soak.errors} errors, p50 {soak.latency_us.get('p50', 0) / 1000:.2f} ms, "
+          f"p99 {soak.latency_us.get('p99', 0) / 1000:.2f} ms, {soak.late} late sends")
+    for pid in sorted(start_rss):
+        print(f"  worker {pid}: RSS {start_rss[pid]} kB -> {end_rss.get(pid, 0)} kB "
+              f"({growth.get(pid, float('nan')):+.2%})")
+    failures = []
+    if soak.errors or warm.errors:
+        failures.append(f"{soak.errors + warm.errors} errors")
+    if not same_workers:
+        failures.append(f"workers changed: {sorted(start_rss)} -> {sorted(end_rss)}")
+    if any(g >= MAX_RSS_GROWTH for g in growth.values()):
+        failures.append(f"RSS growth {max(growth.values()):.2%} >= {MAX_RSS_GROWTH:.0%}")
+    print("soak: " + ("FAILED: " + "; ".join(failures) if failures else "passed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The webhook's optional NetworkPolicy: off by default; ingress only to TCP 8443 of the webhook pods, from
+anywhere unless `webhook.networkPolicy.from` names peers; egress never restricted (self-managed TLS and
+lookups need the apiserver)."""
+
+from __future__ import annotations
+
+from .chartlib import FULLNAME, find, one, render
+
+WEBHOOK = f"{FULLNAME}-webhook"
+
+
+def test_off_by_default() -> None:
+    assert not find(render(3).objects(), "NetworkPolicy")
+
+
+def test_ingress_to_8443_only_and_no_egress_rules() -> None:
+    objs = render(3, set_json={"webhook.networkPolicy.enabled": True}).objects()
+    policy = one(objs, "NetworkPolicy", WEBHOOK)["spec"]
+    pod_labels = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in policy["podSelector"]["matchLabels"].items())
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+
+
+def test_from_peers() -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    objs = render(3, set_json={"webhook.networkPolicy.enabled": True, "webhook.networkPolicy.from": peers}).objects()
+    (rule,) = one(objs, "NetworkPolicy", WEBHOOK)["spec"]["ingress"]
+    assert rule["from"] == peers

@@ -1,0 +1,272 @@
+"""All the webhook's Kubernetes API access, behind one small interface (`KubeApi`).
+
+The webhook needs very little of the API: its own TLS Secret (read, create, replace with
+resourceVersion), its own two webhook configurations (read, patch `caBundle` by webhook name), and
+read-only lookups for the policy (a namespace's labels, the keys of a ConfigMap). Everything else in
+the package talks to `KubeApi`; tests use an in-memory fake of it, and `KubernetesClientApi` is the
+one adapter over the `kubernetes` client (explicit request timeouts, no retries hidden in urllib3).
+
+Errors: a missing object is `None` from the read methods; everything else is a `KubeError`
+(`AlreadyExists` and `Conflict` for the two 409s optimistic concurrency relies on, `Forbidden`,
+`Invalid`, and `ApiUnavailable` when the apiserver could not be reached or answered 5xx).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MUTATING = "MutatingWebhookConfiguration"
+VALIDATING = "ValidatingWebhookConfiguration"
+WEBHOOK_KINDS = (MUTATING, VALIDATING)
+ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
+TLS_SECRET_TYPE = "kubernetes.io/tls"  # noqa: S105 - a Secret type, not a password
+# (connect, read) seconds for every request; lookups on the admission path use their own, shorter one.
+DEFAULT_TIMEOUT = (3.0, 10.0)
+
+
+class KubeError(Exception):
+    """The apiserver refused a request (or could not be reached: ApiUnavailable)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}" if reason else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class AlreadyExists(KubeError):
+    """409 AlreadyExists: a create lost the race; re-read and use what is there."""
+
+
+class Conflict(KubeError):
+    """409 Conflict: a replace carried a stale resourceVersion; re-read and re-evaluate."""
+
+
+class Forbidden(KubeError):
+    """403: the ServiceAccount lacks a permission (the message names it)."""
+
+
+class Invalid(KubeError):
+    """422 Invalid: the object or patch was rejected by validation."""
+
+
+class ApiUnavailable(KubeError):
+    """No answer (connection refused, timeout, TLS failure) or a 5xx."""
+
+
+_BY_REASON: dict[str, type[KubeError]] = {
+    "AlreadyExists": AlreadyExists,
+    "Conflict": Conflict,
+    "Forbidden": Forbidden,
+    "Invalid": Invalid,
+}
+
+
+def error_from_status(status: int, body: bytes | str | None) -> KubeError:
+    """A KubeError from an HTTP status and a metav1.Status body (or whatever the server sent)."""
+    reason, message = "", ""
+    try:
+        parsed = json.loads(body or b"")
+        if isinstance(parsed, Mapping):
+            reason, message = str(parsed.get("reason") or ""), str(parsed.get("message") or "")
+    except ValueError:
+        message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body or ""))[:200]
+    if status >= 500 or status == 0:
+        return ApiUnavailable(status, reason or "ServerError", message or "no answer")
+    cls = _BY_REASON.get(reason) or {403: Forbidden, 422: Invalid}.get(status, KubeError)
+    return cls(status, reason or str(status), message)
+
+
+@dataclass(frozen=True)
+class SecretObject:
+    """A Secret as the webhook uses it: data decoded to bytes."""
+
+    namespace: str
+    name: str
+    data: Mapping[str, bytes]
+    type: str = TLS_SECRET_TYPE
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    resource_version: str = ""
+    uid: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        if self.owner_references:
+            metadata["ownerReferences"] = [dict(r) for r in self.owner_references]
+        if self.resource_version:
+            metadata["resourceVersion"] = self.resource_version
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata,
+            "type": self.type,
+            "data": {k: base64.b64encode(v).decode() for k, v in sorted(self.data.items())},
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SecretObject:
+        meta = body.get("metadata") or {}
+        data = {k: base64.b64decode(v or "") for k, v in (body.get("data") or {}).items()}
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            data=data,
+            type=str(body.get("type") or "Opaque"),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            owner_references=tuple(dict(r) for r in meta.get("ownerReferences") or ()),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            uid=str(meta.get("uid") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class WebhookConfiguration:
+    """One Mutating/ValidatingWebhookConfiguration: its uid and each webhook's caBundle (PEM, b"" if unset)."""
+
+    kind: str
+    name: str
+    uid: str
+    ca_bundles: Mapping[str, bytes]
+
+    @classmethod
+    def from_body(cls, kind: str, body: Mapping[str, Any]) -> WebhookConfiguration:
+        meta = body.get("metadata") or {}
+        bundles = {}
+        for hook in body.get("webhooks") or ():
+            raw = (hook.get("clientConfig") or {}).get("caBundle") or ""
+            bundles[str(hook.get("name"))] = base64.b64decode(raw)
+        return cls(kind=kind, name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""), ca_bundles=bundles)
+
+
+def ca_bundle_patch(webhook_names: Sequence[str], ca_bundle: bytes) -> dict[str, Any]:
+    """The strategic merge patch that sets caBundle of the named webhooks only: `webhooks` merges by
+    `name` and every other field is kept. (A JSON merge patch of `webhooks` would replace the whole
+    list and the apiserver answers 422, as the recorded v1.36 exchanges show.)"""
+    encoded = base64.b64encode(ca_bundle).decode()
+    return {"webhooks": [{"name": n, "clientConfig": {"caBundle": encoded}} for n in webhook_names]}
+
+
+class KubeApi(Protocol):
+    """The only Kubernetes access the webhook has."""
+
+    def read_secret(self, namespace: str, name: str) -> SecretObject | None: ...
+
+    def create_secret(self, secret: SecretObject) -> SecretObject: ...
+
+    def replace_secret(self, secret: SecretObject) -> SecretObject: ...
+
+    def read_webhook_configuration(self, kind: str, name: str) -> WebhookConfiguration | None: ...
+
+    def patch_ca_bundle(
+        self, kind: str, name: str, webhook_names: Sequence[str], ca_bundle: bytes
+    ) -> WebhookConfiguration: ...
+
+    def read_namespace(self, name: str) -> Mapping[str, str] | None:
+        """The namespace's labels, None when it does not exist."""
+        ...
+
+    def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:
+        """The keys of the ConfigMap (data and binaryData), None when it does not exist."""
+        ...
+
+
+# --- the adapter over the `kubernetes` client -----------------------------------------------------------
+
+
+class KubernetesClientApi:
+    """KubeApi over `kubernetes.client`. Responses are read as plain JSON (`_preload_content=False`),
+    so what the webhook sees is exactly what the apiserver sent."""
+
+    def __init__(self, api_client: Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+        from kubernetes import client  # noqa: PLC0415 - only the serve process needs it
+
+        self.api_client = api_client
+        self.timeout = timeout
+        self.core = client.CoreV1Api(api_client)
+        self.admission = client.AdmissionregistrationV1Api(api_client)
+
+    @classmethod
+    def from_environment(
+        cls, kubeconfig: str | None = None, timeout: tuple[float, float] = DEFAULT_TIMEOUT
+    ) -> KubernetesClientApi:
+        """In-cluster config (the pod's ServiceAccount), or a kubeconfig file when one is given."""
+        from kubernetes import client, config  # noqa: PLC0415
+
+        configuration = client.Configuration()
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        configuration.retries = False  # one attempt per call; callers decide about retrying
+        return cls(client.ApiClient(configuration), timeout)
+
+    def _call(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+        from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            return json.loads(response.data)
+        except ApiException as exc:
+            if exc.status == 404 and not_found_is_none:
+                return None
+            raise error_from_status(int(exc.status or 0), exc.body) from None
+        except (HTTPError, OSError) as exc:
+            raise ApiUnavailable(0, "Unreachable", f"{type(exc).__name__}: {exc}") from None
+
+    def read_secret(self, namespace: str, name: str) -> SecretObject | None:
+        body = self._call(self.core.read_namespaced_secret, name, namespace)
+        return None if body is None else SecretObject.from_body(body)
+
+    def create_secret(self, secret: SecretObject) -> SecretObject:
+        body = self._call(self.core.create_namespaced_secret, secret.namespace, secret.to_body(),
+                          not_found_is_none=False)
+        return SecretObject.from_body(body)
+
+    def replace_secret(self, secret: SecretObject) -> SecretObject:
+        body = self._call(self.core.replace_namespaced_secret, secret.name, secret.namespace, secret.to_body(),
+                          not_found_is_none=False)
+        return SecretObject.from_body(body)
+
+    def _webhook_methods(self, kind: str) -> tuple[Any, Any]:
+        if kind == MUTATING:
+            return (self.admission.read_mutating_webhook_configuration,
+                    self.admission.patch_mutating_webhook_configuration)
+        if kind == VALIDATING:
+            return (self.admission.read_validating_webhook_configuration,
+                    self.admission.patch_validating_webhook_configuration)
+        raise ValueError(f"not a webhook configuration kind: {kind}")
+
+    def read_webhook_configuration(self, kind: str, name: str) -> WebhookConfiguration | None:
+        read, _ = self._webhook_methods(kind)
+        body = self._call(read, name)
+        return None if body is None else WebhookConfiguration.from_body(kind, body)
+
+    def patch_ca_bundle(
+        self, kind: str, name: str, webhook_names: Sequence[str], ca_bundle: bytes
+    ) -> WebhookConfiguration:
+        _, patch = self._webhook_methods(kind)
+        body = self._call(patch, name, ca_bundle_patch(webhook_names, ca_bundle), not_found_is_none=False,
+                          _content_type="application/strategic-merge-patch+json")
+        return WebhookConfiguration.from_body(kind, body)
+
+    def read_namespace(self, name: str) -> Mapping[str, str] | None:
+        body = self._call(self.core.read_namespace, name)
+        return None if body is None else dict((body.get("metadata") or {}).get("labels") or {})
+
+    def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:
+        body = self._call(self.core.read_namespaced_config_map, name, namespace)
+        if body is None:
+            return None
+        return frozenset(body.get("data") or {}) | frozenset(body.get("binaryData") or {})
