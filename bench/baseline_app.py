@@ -11,11 +11,11 @@ only difference from the webhook is the policy work (and the Flask layer around 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
 from gpu_stack_webhook import gunicorn_conf
 from gunicorn.app.base import BaseApplication
 
@@ -28,12 +28,11 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
         out = HEALTHY
     else:
         length = int(environ.get("CONTENT_LENGTH") or 0)
-        body = json.loads(environ["wsgi.input"].read(length))
+        body = orjson.loads(environ["wsgi.input"].read(length))
         uid = body["request"]["uid"]
-        out = json.dumps(
-            {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}},
-            separators=(",", ":"),
-        ).encode()
+        out = orjson.dumps(
+            {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}}
+        )
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
     return [out]
 

@@ -66,8 +66,9 @@ LOAD_SECONDS = 120  # hard bound on the loop, whatever the machine
 def test_kill_9_of_a_worker_under_load_loses_under_0_1_percent(tmp_path: Path) -> None:
     body = json.dumps(review(PLAIN_POD)).encode()
     with running_server(tmp_path) as server:
+        # /healthz answers as soon as one worker is up; gunicorn forks the second right after
+        wait_for(lambda: len(worker_pids(server)) == 2, 30, "both gunicorn workers")
         before = worker_pids(server)
-        assert len(before) == 2, before
         context = client_context(server.pki)
         lock = threading.Lock()
         counts = {"sent": 0, "ok": 0, "errors": 0}

@@ -7,10 +7,11 @@ about the object itself is a `Decision` answered inside a proper AdmissionReview
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from .findings import JsonPatchOp
 
@@ -117,7 +118,7 @@ def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[s
     if allow_patch and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(
-            json.dumps(list(decision.patch), separators=(",", ":")).encode()
+            orjson.dumps(list(decision.patch))
         ).decode()
     if decision.audit:
         response["auditAnnotations"] = dict(decision.audit)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
@@ -223,7 +224,7 @@ def _review(endpoint: Endpoint, policy: Policy, metrics: Metrics, limit: int) ->
             raise RequestEntityTooLarge()
         raw = _read_body(limit)
         try:
-            body = json.loads(raw)
+            body = orjson.loads(raw)
         except (ValueError, RecursionError):
             raise BadRequest("request body is not valid JSON") from None
         try:
@@ -296,13 +297,13 @@ class _ReviewFastPath:
             environ["wsgi.input"] = _UnreadableInput(exc)
             return self.flask_app(environ, start_response)
         try:
-            answer = answer_review(self.policy, endpoint, json.loads(raw)) if len(raw) == length else None
+            answer = answer_review(self.policy, endpoint, orjson.loads(raw)) if len(raw) == length else None
         except Exception:  # bad JSON, BadReview, a bug: Flask's path parses again and answers as ever
             answer = None
         if answer is None:
             environ["wsgi.input"] = io.BytesIO(raw)
             return self.flask_app(environ, start_response)
-        body = json.dumps(answer.response, separators=(",", ":")).encode()
+        body = orjson.dumps(answer.response)
         seconds = time.perf_counter() - started
         try:  # as in _review: bookkeeping must not turn a decided answer into an error
             self.metrics.record(endpoint, answer.outcome, _kind_label(answer.request), answer.decision, seconds)
