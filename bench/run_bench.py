@@ -45,7 +45,7 @@ import bodies
 import profile_summary
 from gpu_stack_webhook import gunicorn_conf
 from gpu_stack_webhook.app import answer_review
-from gpu_stack_webhook.certs import make_ca, make_serving_cert
+from gpu_stack_webhook.certs import write_loopback_pki
 from gpu_stack_webhook.config import PolicyConfig, parse_config
 from gpu_stack_webhook.engine import Endpoint, Policy
 from gpu_stack_webhook.rules import RULES
@@ -448,11 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu-stack-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        ca = make_ca()
-        serving = make_serving_cert(ca, ["localhost"], ["127.0.0.1"])
-        (tmp / "ca.crt").write_bytes(ca.cert_pem)
-        (tmp / "tls.crt").write_bytes(serving.cert_pem)
-        (tmp / "tls.key").write_bytes(serving.key_pem)
+        write_loopback_pki(tmp)
         policy_file = tmp / "policy.yaml"
         policy_file.write_text("{}\n")
         manifests = {ep: bodies.write_manifest(bodies.mix(ep), tmp / "bodies", ep) for ep in bodies.ENDPOINTS}

@@ -29,7 +29,7 @@ from typing import Any
 
 import jsonpatch
 import yaml
-from gpu_stack_webhook.certs import make_ca, make_serving_cert
+from gpu_stack_webhook.certs import write_loopback_pki
 from gpu_stack_webhook.reviews import admission_review, is_judged
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,16 +92,13 @@ class Webhook:
     """`gpu-stack-webhook serve` in a subprocess, over TLS on 127.0.0.1."""
 
     def __init__(self, workdir: Path, policy: Path) -> None:
-        ca = make_ca("gpu-stack-demo-ca")
-        serving = make_serving_cert(ca, ["localhost"], ["127.0.0.1"])
-        for name, data in (("ca.crt", ca.cert_pem), ("tls.crt", serving.cert_pem), ("tls.key", serving.key_pem)):
-            (workdir / name).write_bytes(data)
+        pki = write_loopback_pki(workdir)
         self.port = free_port()
-        self.context = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+        self.context = ssl.create_default_context(cafile=str(pki.ca_cert))
         executable = Path(sys.executable).with_name("gpu-stack-webhook")
         self.process = subprocess.Popen(
-            [str(executable), "serve", "--config", str(policy), "--cert", str(workdir / "tls.crt"),
-             "--key", str(workdir / "tls.key"), "--bind", f"127.0.0.1:{self.port}"],
+            [str(executable), "serve", "--config", str(policy), "--cert", str(pki.cert),
+             "--key", str(pki.key), "--bind", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=(workdir / "webhook.log").open("w"), start_new_session=True,
         )
         self.log = workdir / "webhook.log"

@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import bodies  # noqa: E402
-from gpu_stack_webhook.certs import make_ca, make_serving_cert  # noqa: E402
+from gpu_stack_webhook.certs import write_loopback_pki  # noqa: E402
 from run_bench import VENV_BIN, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
 
 MAX_RSS_GROWTH = 0.05
@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu-stack-soak-") as tmp_name:
         tmp = Path(tmp_name)
-        ca = make_ca()
-        serving = make_serving_cert(ca, ["localhost"], ["127.0.0.1"])
-        (tmp / "ca.crt").write_bytes(ca.cert_pem)
-        (tmp / "tls.crt").write_bytes(serving.cert_pem)
-        (tmp / "tls.key").write_bytes(serving.key_pem)
+        write_loopback_pki(tmp)
         (tmp / "policy.yaml").write_text("{}\n")
         manifest = bodies.write_manifest(bodies.mix("validate") + bodies.mix("mutate"), tmp / "bodies", "soak")
         port = free_port()

@@ -16,7 +16,6 @@ import contextlib
 import http.server
 import json
 import re
-import ssl
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -35,7 +34,7 @@ from gpu_stack_webhook.kube import (
     WebhookConfiguration,
     ca_bundle_patch,
 )
-from tls_helpers import Pki
+from tls_helpers import Pki, serving_https
 
 
 class FakeKube:
@@ -242,18 +241,8 @@ def fake_apiserver(fake: FakeKube, pki: Pki) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             return None
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pki.cert), str(pki.key))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serving_https(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler), pki) as port:
+        yield f"https://127.0.0.1:{port}"
 
 
 def kubeconfig(url: str, pki: Pki) -> dict[str, Any]:

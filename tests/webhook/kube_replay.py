@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import ssl
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from conftest import recorded
-from tls_helpers import Pki
+from tls_helpers import Pki, serving_https
 
 
 @dataclass
@@ -94,14 +93,5 @@ def replaying(pki: Pki, names: Sequence[str]) -> Iterator[Replay]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     replay = Replay(port=server.server_address[1], exchanges=exchanges, used=[False] * len(exchanges))
     server.RequestHandlerClass = _handler(replay)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pki.cert), str(pki.key))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_https(server, pki):
         yield replay
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.client
-import ipaddress
+import http.server
 import json
 import os
 import shutil
@@ -29,10 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from gpu_stack_webhook.certs import PkiFiles, write_loopback_pki
 
 STARTUP_SECONDS = 60
 STOP_SECONDS = 30
@@ -43,74 +40,12 @@ STOP_SECONDS = 30
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pki:
-    ca_cert: Path
-    cert: Path
-    key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+Pki = PkiFiles
 
 
 def make_pki(directory: Path) -> Pki:
-    """A self-signed CA (ECDSA P-256) and a serving certificate it signs, SAN 127.0.0.1 + localhost."""
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("gpu-stack test CA"))
-        .issuer_name(_name("gpu-stack test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("gpu-stack-webhook"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pki = Pki(ca_cert=directory / "ca.crt", cert=directory / "tls.crt", key=directory / "tls.key")
-    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pki.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    pki.key.chmod(0o600)
-    return pki
+    """A CA (ECDSA P-256) and a serving certificate it signs, SAN 127.0.0.1 + localhost, valid a day."""
+    return write_loopback_pki(directory, valid_for=datetime.timedelta(days=1))
 
 
 def client_context(pki: Pki, *, maximum: ssl.TLSVersion | None = None) -> ssl.SSLContext:
@@ -379,3 +314,19 @@ def running_server(
         yield server
     finally:
         stop(server)
+
+
+@contextlib.contextmanager
+def serving_https(server: http.server.HTTPServer, pki: Pki) -> Iterator[int]:
+    """Run a stdlib HTTP server over TLS (the test PKI) in a thread; yields its port, then stops it."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki.cert), str(pki.key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

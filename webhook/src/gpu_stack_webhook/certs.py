@@ -6,6 +6,7 @@ import datetime
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -92,3 +93,24 @@ def make_serving_cert(
         .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+@dataclass(frozen=True)
+class PkiFiles:
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+
+def write_loopback_pki(directory: Path, valid_for: datetime.timedelta | None = None) -> PkiFiles:
+    """A throwaway CA and a serving certificate for 127.0.0.1 / localhost, written as ca.crt, tls.crt
+    and tls.key in `directory`: what the demo, the benchmarks and the tests serve with."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = make_ca("gpu-stack loopback CA", valid_for=valid_for)
+    serving = make_serving_cert(ca, ["localhost"], ["127.0.0.1"], valid_for=valid_for)
+    files = PkiFiles(ca_cert=directory / "ca.crt", cert=directory / "tls.crt", key=directory / "tls.key")
+    files.ca_cert.write_bytes(ca.cert_pem)
+    files.cert.write_bytes(serving.cert_pem)
+    files.key.write_bytes(serving.key_pem)
+    files.key.chmod(0o600)
+    return files

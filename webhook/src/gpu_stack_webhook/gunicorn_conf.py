@@ -28,6 +28,7 @@ from typing import Any
 from gunicorn import glogging
 
 from . import slowclients
+from .envvars import env_number
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 WORKERS_ENV = "GPU_STACK_WEBHOOK_WORKERS"
@@ -49,16 +50,7 @@ _owned_metrics_dir: list[tuple[int, str]] = []
 
 
 def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"${name} must be a positive integer, got {raw!r}")
-    return value
+    return env_number(name, default, int, minimum=1)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 from .config import ConfigError, PolicyConfig, load_config
 from .engine import Policy
+from .envvars import env_number
 
 RELOAD_ENV = "GPU_STACK_WEBHOOK_RELOAD_SECONDS"
 DEFAULT_INTERVAL_SECONDS = 10.0
@@ -40,16 +41,7 @@ Signature = tuple[int, int, int, int] | None
 
 def reload_interval() -> float:
     """$GPU_STACK_WEBHOOK_RELOAD_SECONDS (0 turns reloading off), else 10 s."""
-    raw = os.environ.get(RELOAD_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${RELOAD_ENV} must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"${RELOAD_ENV} must not be negative, got {raw!r}")
-    return value
+    return env_number(RELOAD_ENV, DEFAULT_INTERVAL_SECONDS, float, minimum=0.0)
 
 
 def file_signature(path: str) -> Signature:

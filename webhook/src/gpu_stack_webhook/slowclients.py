@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
 from typing import Any
+
+from .envvars import env_number
 
 REQUEST_TIMEOUT_ENV = "GPU_STACK_WEBHOOK_REQUEST_TIMEOUT"
 DEFAULT_REQUEST_TIMEOUT = 15.0
@@ -37,16 +38,7 @@ log = logging.getLogger("gpu_stack_webhook.slowclients")
 
 
 def request_timeout() -> float:
-    raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_REQUEST_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${REQUEST_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"${REQUEST_TIMEOUT_ENV} must be positive, got {raw!r}")
-    return value
+    return env_number(REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT, float, minimum=0.0, minimum_allowed=False)
 
 
 class RequestDeadlines:
