@@ -10,8 +10,9 @@ import yaml
 from gpu_stack_webhook.config import parse_config
 from gpu_stack_webhook.engine import Policy
 
+from . import pss
 from .chartlib import FULLNAME, one, render
-from .test_webhook import POLICY_CM, pod_security_restricted_violations
+from .test_webhook import POLICY_CM
 
 
 def _policy_and_pods() -> tuple[Policy, dict[str, Any], dict[str, Any]]:
@@ -31,7 +32,7 @@ def test_denial_test_pod_is_denied_by_gpu002_only() -> None:
     evaluation = policy.evaluate(denied, "Pod")
     assert [f.rule_id for f in evaluation.denials] == ["GPU002"]
     # Pod Security "restricted" cannot be what denies it in a restricted namespace.
-    assert pod_security_restricted_violations(denied["spec"]) == []
+    assert pss.check(denied["spec"]) == []
 
 
 def test_cuda_sample_pod_is_admitted() -> None:
