@@ -141,7 +141,7 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {
             "json": {
-                "()": "pythonjsonlogger.json.JsonFormatter",
+                "()": "pythonjsonlogger.orjson.OrjsonFormatter",
                 "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
             }
