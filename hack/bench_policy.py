@@ -20,6 +20,7 @@ import timeit
 from gpu_stack_webhook.admission import build_response, parse_review
 from gpu_stack_webhook.config import PolicyConfig
 from gpu_stack_webhook.engine import Endpoint, Policy
+from gpu_stack_webhook.reviews import admission_review
 
 
 def three_container_gpu_pod() -> dict:
@@ -46,18 +47,6 @@ def three_container_gpu_pod() -> dict:
     }
 
 
-def review(pod: dict) -> dict:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0b1c8f7e-bench", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml", "operation": "CREATE", "object": pod,
-        },
-    }
-
-
 def median_us(fn, rounds: int, number: int) -> float:
     times = timeit.repeat(fn, repeat=rounds, number=number)
     return statistics.median(times) / number * 1e6
@@ -71,7 +60,7 @@ def main() -> None:
 
     policy = Policy(PolicyConfig())
     pod = three_container_gpu_pod()
-    body = json.dumps(review(pod))
+    body = json.dumps(admission_review(pod, uid="0b1c8f7e-bench"))
 
     def evaluate() -> None:
         policy.evaluate(pod, "Pod", can_patch=True)

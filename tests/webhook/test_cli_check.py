@@ -12,7 +12,8 @@ import pytest
 import yaml
 from conftest import FIXTURES, GPU, container, make_pod, wrap
 from gpu_stack_webhook.admission import parse_review
-from gpu_stack_webhook.cli import admission_review, main
+from gpu_stack_webhook.cli import main
+from gpu_stack_webhook.reviews import admission_review
 
 
 def write(path: Path, *docs: Any) -> Path:
@@ -195,7 +196,7 @@ def test_an_empty_directory_is_not_an_error(tmp_path: Path, capsys: pytest.Captu
 def test_admission_review_is_what_the_http_path_parses() -> None:
     deployment = wrap(privileged(), "Deployment")
     del deployment["metadata"]["namespace"]
-    request = parse_review(admission_review(deployment, namespace="team-a"))
+    request = parse_review(admission_review(deployment, namespace="team-a", dry_run=True))
     assert (request.group, request.version, request.kind) == ("apps", "v1", "Deployment")
     assert request.operation == "CREATE"
     assert request.namespace == "team-a"

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import copy
 import dataclasses
 import json
 import logging.config
 import os
 import ssl
 import sys
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +29,10 @@ import yaml
 from gunicorn.app.base import BaseApplication
 
 from . import cluster, gunicorn_conf
-from .admission import API_VERSION, REASONS
+from .admission import REASONS
 from .config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
 from .engine import Endpoint, Policy
+from .reviews import admission_review
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -114,32 +113,6 @@ def serve(args: argparse.Namespace) -> int:
 # --- check --------------------------------------------------------------------------------------------
 
 
-def admission_review(
-    obj: Mapping[str, Any], *, namespace: str, operation: str = "CREATE", dry_run: bool = True
-) -> dict[str, Any]:
-    """The AdmissionReview request the apiserver would send for creating `obj` in `namespace`."""
-    group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
-    namespace = str(meta.get("namespace") or namespace)
-    sent = copy.deepcopy(dict(obj))
-    sent["metadata"] = {**meta, "namespace": namespace}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": group, "version": version, "kind": str(obj.get("kind") or "")},
-            "name": str(meta.get("name") or ""),
-            "namespace": namespace,
-            "operation": operation,
-            "object": sent,
-            "oldObject": None,
-            "dryRun": dry_run,
-        },
-    }
-
-
 @dataclass
 class CheckResult:
     source: str
@@ -185,7 +158,11 @@ def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace:
         )
         return result
 
-    mutated = _answer(policy, Endpoint.MUTATE, admission_review(obj, namespace=namespace))
+    # as `kubectl create -n NAMESPACE`: an object that names its own namespace keeps it
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    namespace = str(meta.get("namespace") or namespace)
+    mutated = _answer(policy, Endpoint.MUTATE, admission_review(obj, namespace=namespace, dry_run=True))
     response = mutated.response["response"]
     result.warnings.extend(response.get("warnings", []))
     if not response["allowed"]:
@@ -195,7 +172,7 @@ def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace:
         result.patch = json.loads(base64.b64decode(response["patch"]))
         target = jsonpatch.apply_patch(target, result.patch)
         result.outcome = "patched"
-    validated = _answer(policy, Endpoint.VALIDATE, admission_review(target, namespace=namespace))
+    validated = _answer(policy, Endpoint.VALIDATE, admission_review(target, namespace=namespace, dry_run=True))
     response = validated.response["response"]
     result.warnings.extend(response.get("warnings", []))
     if not response["allowed"]:
