@@ -45,6 +45,7 @@ class FakeKube:
         self.configs: dict[tuple[str, str], WebhookConfiguration] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
         self.configmaps: dict[tuple[str, str], frozenset[str]] = {}
+        self.nodes: dict[str, dict[str, str]] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.unreachable = False
         # method name -> errors raised by its next calls (in order)
@@ -129,6 +130,12 @@ class FakeKube:
             labels = self.namespaces.get(name)
             return None if labels is None else dict(labels)
 
+    def read_node(self, name: str) -> Mapping[str, str] | None:
+        with self.lock:
+            self._enter("read_node", name)
+            labels = self.nodes.get(name)
+            return None if labels is None else dict(labels)
+
     def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:
         with self.lock:
             self._enter("read_configmap", namespace, name)
@@ -153,6 +160,7 @@ _SECRET = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 _CONFIG = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/(mutating|validating)webhookconfigurations/([^/]+)$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 _CONFIGMAP = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$")
+_NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 
 
 def _status(error: KubeError) -> tuple[int, dict[str, Any]]:
@@ -207,6 +215,11 @@ def handle(fake: FakeKube, method: str, path: str, content_type: str | None, bod
                 return _not_found(f'configmaps "{m.group(2)}"')
             return 200, {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": m.group(2)},
                          "data": {k: "x" for k in keys}}
+        if (m := _NODE.match(path)) and method == "GET":
+            node_labels = fake.read_node(m.group(1))
+            if node_labels is None:
+                return _not_found(f'nodes "{m.group(1)}"')
+            return 200, {"kind": "Node", "apiVersion": "v1", "metadata": {"name": m.group(1), "labels": node_labels}}
         if (m := _NAMESPACE.match(path)) and method == "GET":
             labels = fake.read_namespace(m.group(1))
             if labels is None:

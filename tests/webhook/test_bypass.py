@@ -30,7 +30,8 @@ from gpu_stack_webhook.reviews import admission_review
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MIG = "nvidia.com/mig-1g.5gb"
 CONFIGS = {"default": config_default, "time-slicing": config_time_slicing, "mps": config_mps,
-           "mig-none": lambda: config_mig("none")}
+           "mig-none": lambda: config_mig("none"),
+           "vgpu": lambda: config_default(gpuResources={"names": ["nvidia.com/gpu", "nvidia.com/vgpu"]})}
 
 
 @cache
@@ -169,7 +170,11 @@ CASES: dict[str, Attack] = {
     **{f"gpu003-resource-{name.split('/')[1]}": Attack(
         make_pod([container("main", privileged=True, requests={name: 1}, limits={name: 1})]), rule="GPU003",
         config="mig-none" if "mig" in name else "default")
-       for name in ("nvidia.com/gpu.shared", MIG, "nvidia.com/vgpu")},
+       for name in ("nvidia.com/gpu.shared", MIG)},
+    # Any other NVIDIA name is a GPU only by configuration (gpuResources.names / prefixes).
+    "gpu003-resource-vgpu-configured": Attack(
+        make_pod([container("main", privileged=True, requests={"nvidia.com/vgpu": 1}, limits={"nvidia.com/vgpu": 1})]),
+        rule="GPU003", config="vgpu"),
     # A privileged pod with nothing to do with GPUs is not ours to judge (Pod Security is).
     "gpu003-privileged-non-gpu-pod-allowed": Attack(make_pod([container("main", privileged=True)]), allowed=True),
 

@@ -19,7 +19,8 @@ def test_defaults() -> None:
     # no config at all: every rule on, nvidia.com/ GPUs, chart + kube-system exempt, one exclusive default config
     config = parse_config(None)
     assert config == PolicyConfig() == parse_config({})
-    assert config.gpu_resources.prefixes == ("nvidia.com/",) and config.gpu_resources.names == ()
+    assert config.gpu_resources.prefixes == ("nvidia.com/mig-",)
+    assert config.gpu_resources.names == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
     assert config.gpu_runtime_class_names == ("nvidia",)
     assert config.exempt_namespaces == ("gpu-stack", "kube-system")
     assert config.rules.disabled == () and config.rules.mig_unexposed == "deny"
@@ -32,7 +33,8 @@ def test_defaults() -> None:
         {"key": "gpu-stack.io/mps", "operator": "Exists", "effect": "NoSchedule"}
     ]
     assert config.mps.inject_host_ipc is True
-    assert config.max_request_bytes == 3 * 1024 * 1024
+    # 2 objects x 6 (Go's \u003c escapes) x 1.5 MiB (etcd's request limit) + 1 MiB of envelope
+    assert config.max_request_bytes == 2 * 6 * 1536 * 1024 + 1024 * 1024 == 19 * 1024 * 1024
     assert {f"GPU00{i}" for i in range(1, 8)} == RULE_IDS
 
 
@@ -75,8 +77,8 @@ BAD = [
                  id="unknown-top-key"),
     # a typo inside a strict section
     pytest.param({"mps": {"injectHostIpc": False}}, ("mps.injectHostIpc",), id="unknown-mps-key"),
-    # an unknown rule ID in rules.disabled (GPU008 does not exist) is named, with the known ones
-    pytest.param({"rules": {"disabled": ["GPU008"]}}, ("rules", "GPU008", "GPU001"), id="unknown-rule-id"),
+    # an unknown rule ID in rules.disabled (GPU099 does not exist) is named, with the known ones
+    pytest.param({"rules": {"disabled": ["GPU099"]}}, ("rules", "GPU099", "GPU001"), id="unknown-rule-id"),
     # lowercase rule IDs are not silently ignored
     pytest.param({"rules": {"disabled": ["gpu001"]}}, ("rules", "gpu001"), id="lowercase-rule-id"),
     # migUnexposed only deny|warn

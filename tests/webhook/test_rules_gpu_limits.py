@@ -188,8 +188,15 @@ def test_gpu_request_only_in_init_container() -> None:
         pytest.param("nvidia.com/gpu.shared", {}, True, id="gpu.shared-fraction-denied"),
         # a MIG slice name is a GPU resource too
         pytest.param("nvidia.com/mig-1g.5gb", {}, True, id="mig-fraction-denied"),
-        # anything under the nvidia.com/ prefix counts
-        pytest.param("nvidia.com/whatever", {}, True, id="any-nvidia-prefix-denied"),
+        # not every nvidia.com/ name is a GPU: NVIDIA Network Operator RDMA resources are not
+        pytest.param("nvidia.com/whatever", {}, False, id="other-nvidia-name-not-a-gpu"),
+        pytest.param("nvidia.com/rdma_shared_device_a", {}, False, id="network-operator-rdma-not-a-gpu"),
+        pytest.param("nvidia.com/hostdev", {}, False, id="network-operator-hostdev-not-a-gpu"),
+        # the old default, any nvidia.com/ name, by configuration
+        pytest.param("nvidia.com/whatever", {"gpuResources": {"prefixes": ["nvidia.com/"]}}, True,
+                     id="any-nvidia-prefix-by-config"),
+        # the shared name nvidia.com/gpu.shared is a GPU even where no config renames
+        pytest.param("nvidia.com/gpu.shared", {}, True, id="gpu-shared-denied"),
         # a vendor name outside the prefixes is not ours to judge by default
         pytest.param("example.com/gpu", {}, False, id="foreign-resource-ignored"),
         # ... unless it is configured as an extra GPU name

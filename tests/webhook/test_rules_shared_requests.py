@@ -84,8 +84,11 @@ CASES = [
                  id="renamed-gpu.shared-2-denied"),
     # with renameByDefault nvidia.com/gpu is no longer shared (not exposed at all) -> not GPU004's business
     pytest.param(TS_RENAMED, gpus(2), {}, None, (), id="renamed-plain-gpu-not-shared"),
-    # an explicit rename -> that name is the shared one -> deny
-    pytest.param(TS_RENAME, gpus(2, "nvidia.com/gpu-ts"), {}, "deny", ("nvidia.com/gpu-ts",), id="explicit-rename"),
+    # an explicit rename: the pinned device plugin v0.20 ignores it (config.go DisableResourceNamingInConfig),
+    # so the node still advertises the time-sliced replicas as nvidia.com/gpu -> 2 of those denied ...
+    pytest.param(TS_RENAME, gpus(2), {}, "deny", ("nvidia.com/gpu",), id="explicit-rename-ignored-by-plugin"),
+    # ... and the renamed name is never advertised: nothing to share, not GPU004's business
+    pytest.param(TS_RENAME, gpus(2, "nvidia.com/gpu-ts"), {}, None, (), id="explicit-rename-not-advertised"),
     # a time-sliced MIG slice under mixed strategy -> deny above one
     pytest.param(MIG_MIXED_TS, gpus(2, "nvidia.com/mig-1g.5gb"), {}, "deny", ("nvidia.com/mig-1g.5gb",),
                  id="time-sliced-mig-slice-denied"),

@@ -20,6 +20,17 @@ MPS_ANNOTATION = "gpu-stack.io/mps"
 MPS_TAINT_KEY = "gpu-stack.io/mps"
 
 
+# The largest AdmissionReview the API server can legitimately send (README "Review size limit"):
+# an object etcd accepts is at most 1.5 MiB as stored (etcd --max-request-bytes default); Go's JSON
+# encoder writes each of `<`, `>`, `&` (and control characters) as a six-byte \u00XX escape, so that
+# object can grow six-fold in the review; an UPDATE carries object and oldObject; 1 MiB more covers
+# the envelope (userInfo, options). 2 x 6 x 1.5 MiB + 1 MiB = 19 MiB.
+ETCD_MAX_OBJECT_BYTES = 1536 * 1024
+GO_JSON_ESCAPE_EXPANSION = 6
+REVIEW_ENVELOPE_BYTES = 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 2 * GO_JSON_ESCAPE_EXPANSION * ETCD_MAX_OBJECT_BYTES + REVIEW_ENVELOPE_BYTES
+
+
 class ConfigError(Exception):
     """The policy file is unreadable or invalid; the message names the offending key."""
 
@@ -43,7 +54,8 @@ class ReplicatedResource(_Lenient):
 
 class ReplicatedResources(_Lenient):
     rename_by_default: bool = Field(False, alias="renameByDefault")
-    fail_requests_greater_than_one: bool = Field(False, alias="failRequestsGreaterThanOne")
+    # None: unset, which the device plugin v0.20 reads as true for MPS and false for time-slicing.
+    fail_requests_greater_than_one: bool | None = Field(None, alias="failRequestsGreaterThanOne")
     resources: tuple[ReplicatedResource, ...] = ()
 
 
@@ -58,8 +70,20 @@ class Sharing(_Lenient):
         return self
 
 
+class PluginFlags(_Lenient):
+    # One string or a list (k8s-device-plugin v0.20 api/config/v1/flags.go deviceListStrategyFlag);
+    # the plugin's default is envvar.
+    device_list_strategy: str | tuple[str, ...] = Field("envvar", alias="deviceListStrategy")
+
+    @property
+    def device_list_strategies(self) -> tuple[str, ...]:
+        value = self.device_list_strategy
+        return (value,) if isinstance(value, str) else value
+
+
 class DevicePluginFlags(_Lenient):
     mig_strategy: Literal["none", "single", "mixed"] = Field("none", alias="migStrategy")
+    plugin: PluginFlags = PluginFlags()
 
 
 class DevicePluginConfig(_Lenient):
@@ -112,8 +136,13 @@ class MpsPolicy(_Strict):
 
 
 class GpuResources(_Strict):
-    prefixes: tuple[str, ...] = ("nvidia.com/",)
-    names: tuple[str, ...] = ()
+    """Which extended resources are GPUs. Besides these, every resource name (and rename) in the
+    sharing configs counts, normalised as the device plugin does (sharing.py). Not every `nvidia.com/`
+    name is a GPU: the NVIDIA Network Operator advertises RDMA devices as `nvidia.com/rdma_*`,
+    `nvidia.com/hostdev` and the like."""
+
+    prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    names: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 
     def is_gpu(self, resource: str) -> bool:
         return resource in self.names or resource.startswith(self.prefixes)
@@ -132,7 +161,10 @@ class PolicyConfig(_Strict):
     sharing: SharingConfigs = SharingConfigs()
     mps: MpsPolicy = MpsPolicy()
     rules: RuleSettings = RuleSettings()
-    max_request_bytes: int = Field(3 * 1024 * 1024, alias="maxRequestBytes", ge=1024)
+    # The runtime class the mutating pass gives GPU pods that name none ("" = none): the layout where
+    # the NVIDIA runtime is not the node's default runtime (see the chart README, "Runtime layout").
+    inject_runtime_class_name: str = Field("", alias="injectRuntimeClassName")
+    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, alias="maxRequestBytes", ge=1024)
 
     @field_validator("rules")
     @classmethod

@@ -7,8 +7,9 @@ TTL cache (the admission path pays for an API call at most once per TTL and obje
 short request timeout; when the API cannot be asked the fact is unknown with a note that the rules put
 in a warning ("not checked: ...") and the decision falls back to the offline behaviour.
 
-Only two facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them)
-and the Pod Security level a namespace enforces.
+Three facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them),
+the Pod Security level a namespace enforces, and one label of a node (the device plugin config label
+of the node a pod is pinned to with spec.nodeName).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class ClusterFacts(Protocol):
         """The namespace's enforced Pod Security level; "" when it sets none (or does not exist)."""
         ...
 
+    def node_label(self, node: str, label: str) -> Fact[str]:
+        """The value of `label` on `node`: known with value None when the node has no such label;
+        unknown (with a note) when the node does not exist or cannot be read."""
+        ...
+
 
 class OfflineFacts:
     online = False
@@ -57,6 +63,9 @@ class OfflineFacts:
         return UNKNOWN
 
     def pod_security_enforce(self, namespace: str) -> Fact[str]:
+        return UNKNOWN
+
+    def node_label(self, node: str, label: str) -> Fact[str]:
         return UNKNOWN
 
 
@@ -127,3 +136,12 @@ class ApiFacts:
             return str((labels or {}).get(ENFORCE_LABEL, ""))
 
         return self._cached(("ns", namespace), "namespaces", ask)
+
+    def node_label(self, node: str, label: str) -> Fact[str]:
+        labels = self._cached(("node", node), "nodes", lambda: self.api.read_node(node))
+        if not labels.known:
+            return labels  # type: ignore[return-value]
+        if labels.value is None:
+            return Fact(note=f"node {node} not found")
+        value = labels.value.get(label)
+        return Fact(known=True, value=None if value is None else str(value))

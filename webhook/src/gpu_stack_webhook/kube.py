@@ -180,6 +180,10 @@ class KubeApi(Protocol):
         """The keys of the ConfigMap (data and binaryData), None when it does not exist."""
         ...
 
+    def read_node(self, name: str) -> Mapping[str, str] | None:
+        """The node's labels, None when it does not exist."""
+        ...
+
 
 # --- the adapter over the `kubernetes` client -----------------------------------------------------------
 
@@ -263,6 +267,10 @@ class KubernetesClientApi:
 
     def read_namespace(self, name: str) -> Mapping[str, str] | None:
         body = self._call(self.core.read_namespace, name)
+        return None if body is None else dict((body.get("metadata") or {}).get("labels") or {})
+
+    def read_node(self, name: str) -> Mapping[str, str] | None:
+        body = self._call(self.core.read_node, name)
         return None if body is None else dict((body.get("metadata") or {}).get("labels") or {})
 
     def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:

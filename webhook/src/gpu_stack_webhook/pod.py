@@ -165,9 +165,11 @@ def parse_count(value: Any) -> Decimal | None:
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:
-        return cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
+        parsed = cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, InvalidOperation):
         return None
+    # Python's parser takes "Infinity", "inf" and "NaN"; Kubernetes quantities are finite numbers.
+    return parsed if parsed.is_finite() else None
 
 
 def format_count(value: Decimal) -> str:

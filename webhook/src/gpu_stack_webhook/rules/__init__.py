@@ -8,7 +8,16 @@ from types import ModuleType
 
 from ..findings import Finding
 from ..pod import PodView
-from . import device_bypass, gpu_limits, mig_resources, mps, privileged, shared_requests, visible_devices
+from . import (
+    device_bypass,
+    gpu_limits,
+    mig_resources,
+    mps,
+    privileged,
+    runtime_class,
+    shared_requests,
+    visible_devices,
+)
 from .base import Context
 
 Check = Callable[[PodView, Context], Iterable[Finding]]
@@ -30,6 +39,7 @@ def _rule(module: ModuleType) -> Rule:
 
 RULES: tuple[Rule, ...] = tuple(
     _rule(m)
-    for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass)
+    for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass,
+              runtime_class)
 )
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)

@@ -47,7 +47,7 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     key = f"gpu_amounts:{id(ctx.config)}"
     amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
     if amounts is None:
-        is_gpu = ctx.config.gpu_resources.is_gpu
+        is_gpu = ctx.sharing.is_gpu
         found = []
         for container in pod.containers():
             requests, limits = container.resources("requests"), container.resources("limits")
@@ -59,12 +59,32 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
 
 
 def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
-    """The device plugin configs of every node the pod could land on (memoized per pod)."""
-    key = f"candidates:{id(ctx.sharing)}"
+    """The device plugin configs of every node the pod could land on (memoized per pod). A pod pinned
+    to a node with spec.nodeName is judged against that node's config when its label can be read
+    (lookups on); otherwise, and for every other pod, against what its selectors allow."""
+    key = f"candidates:{id(ctx.sharing)}:{ctx.facts.online}"
     found: list[NodeConfig] | None = pod.memo.get(key)
     if found is None:
-        found = pod.memo[key] = ctx.sharing.candidates(pod)
+        node = pod.spec.get("nodeName")
+        label = (ctx.facts.node_label(node, ctx.sharing.label)
+                 if ctx.facts.online and isinstance(node, str) and node else None)
+        if label is not None and label.known:
+            found = [ctx.sharing.for_node_label(label.value)]
+        else:
+            found = ctx.sharing.candidates(pod)
+        pod.memo[key] = found
     return found
+
+
+def allocated_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
+    """Per container pointer, the GPU resources the device plugin allocates to that container itself
+    (a count above 0; ephemeral containers cannot have resources, so they never have one)."""
+    out: dict[str, list[str]] = {}
+    for amount in gpu_amounts(pod, ctx):
+        count = amount.count
+        if count is not None and count > 0:
+            out.setdefault(amount.container.pointer, []).append(amount.resource)
+    return out
 
 
 def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
