@@ -16,7 +16,7 @@ EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 
 
 def test_defaults() -> None:
-    # no config at all: every rule on, nvidia.com/ GPUs, chart + kube-system exempt, one exclusive default config
+    # no config at all: every rule on, gpu, gpu.shared and mig-* GPUs, chart + kube-system exempt, one exclusive default config
     config = parse_config(None)
     assert config == PolicyConfig() == parse_config({})
     assert config.gpu_resources.prefixes == ("nvidia.com/mig-",)
@@ -35,7 +35,8 @@ def test_defaults() -> None:
     assert config.mps.inject_host_ipc is True
     # 2 objects x 6 (Go's \u003c escapes) x 1.5 MiB (etcd's request limit) + 1 MiB of envelope
     assert config.max_request_bytes == 2 * 6 * 1536 * 1024 + 1024 * 1024 == 19 * 1024 * 1024
-    assert {f"GPU00{i}" for i in range(1, 8)} == RULE_IDS
+    assert {f"GPU00{i}" for i in range(1, 9)} == RULE_IDS
+    assert config.inject_runtime_class_name == ""
 
 
 def test_example_file_parses_and_matches_its_comments() -> None:

@@ -53,6 +53,8 @@ decision_log = logging.getLogger(DECISION_LOGGER)
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES = ("allowed", "denied", "patched", "skipped", "error")
 INTERNAL_ERROR_KEY = "internal-error"
+# WSGI environ key under which the fast path hands a body it already read to the Flask path.
+BODY_READ_KEY = "gpu_stack.body"
 
 
 def _always_ready() -> bool:
@@ -222,7 +224,9 @@ def _review(endpoint: Endpoint, policy: Policy, metrics: Metrics, limit: int) ->
             raise UnsupportedMediaType(f"Content-Type must be application/json, got {request.mimetype or 'none'}")
         if request.content_length is not None and request.content_length > limit:
             raise RequestEntityTooLarge()
-        raw = _read_body(limit)
+        raw = request.environ.pop(BODY_READ_KEY, None)
+        if raw is None:
+            raw = _read_body(limit)
         try:
             body = orjson.loads(raw)
         except (ValueError, RecursionError):
@@ -301,7 +305,10 @@ class _ReviewFastPath:
         except Exception:  # bad JSON, BadReview, a bug: Flask's path parses again and answers as ever
             answer = None
         if answer is None:
-            environ["wsgi.input"] = io.BytesIO(raw)
+            # Hand the body over as it is: reading it again from a BytesIO would hold a second copy
+            # (reviews may be ~19 MiB, see config.DEFAULT_MAX_REQUEST_BYTES).
+            environ[BODY_READ_KEY] = raw
+            environ["wsgi.input"] = io.BytesIO(b"")
             return self.flask_app(environ, start_response)
         body = orjson.dumps(answer.response)
         seconds = time.perf_counter() - started
