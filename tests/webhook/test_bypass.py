@@ -178,6 +178,16 @@ CASES: dict[str, Attack] = {
     # A privileged pod with nothing to do with GPUs is not ours to judge (Pod Security is).
     "gpu003-privileged-non-gpu-pod-allowed": Attack(make_pod([container("main", privileged=True)]), allowed=True),
 
+    # SYS_ADMIN (any spelling) or ALL in a container without its own GPU: privileged to the NVIDIA runtime.
+    "gpu003-sys-admin-sidecar": Attack(make_pod([gpu_main(), {**container("side"), "securityContext": {
+        "capabilities": {"add": ["cap_sys_admin"]}}}]), rule="GPU003"),
+    "gpu003-add-all-debug-container": ephemeral_update(CLEAN_GPU_POD, debug({**container("x"), "securityContext": {
+        "capabilities": {"add": ["ALL"]}}}), rule="GPU003"),
+
+    # ---- GPU008: GPU pods get the NVIDIA runtime class when configured -------------------------------------
+    # Not configured (nvidia is the nodes' default runtime): nothing is injected, the pod is allowed.
+    "gpu008-no-injection-by-default": Attack(CLEAN_GPU_POD, endpoint="mutate", allowed=True),
+
     # ---- GPU004: shared GPUs, one replica per container --------------------------------------------------
     "gpu004-two-shared-gpus": Attack(make_pod([container("main", gpu=2)]), rule="GPU004", config="time-slicing"),
     "gpu004-two-spelled-2000m": Attack(make_pod([container("main", gpu="2000m")]), rule="GPU004",

@@ -204,3 +204,29 @@ def test_admission_review_is_what_the_http_path_parses() -> None:
     assert request.dry_run is True
     assert "namespace" not in deployment["metadata"]  # the input is not modified
     json.dumps(admission_review(deployment, namespace="x"))  # serialisable like a real body
+
+
+@pytest.mark.parametrize("count", [".inf", "Infinity", "inf", "NaN"])
+def test_infinity_is_not_a_whole_gpu_count(tmp_path: Path, capsys: pytest.CaptureFixture[str], count: str) -> None:
+    # YAML `.inf` is a float infinity; "Infinity"/"NaN" strings parse as Python Decimals but are no
+    # Kubernetes quantity: denied by GPU001 as not a whole number, never admitted
+    text = ("apiVersion: v1\nkind: Pod\nmetadata: {name: inf}\nspec:\n  containers:\n  - name: c\n    image: x\n"
+            f"    resources:\n      requests: {{nvidia.com/gpu: {count}}}\n      limits: {{nvidia.com/gpu: {count}}}\n")
+    path = tmp_path / "inf.yaml"
+    path.write_text(text, encoding="utf-8")
+    status, out, _ = run(capsys, "-f", str(path))
+    assert status != 0
+    assert "GPU001" in out and "is not a whole number" in out
+
+
+def test_piped_into_head_no_broken_pipe_traceback(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    pods = [make_pod([container("cuda", gpu=1)], name=f"p{i}") for i in range(400)]
+    path = write(tmp_path / "many.yaml", *pods)
+    script = (f"{sys.executable} -c 'from gpu_stack_webhook.cli import main; import sys; "
+              f"sys.exit(main([\"check\", \"-f\", \"{path}\"]))' | head -n 1")
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("pod/p0 ")
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr

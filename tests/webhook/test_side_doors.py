@@ -315,3 +315,62 @@ def test_node_name_live_with_lookups_over_tls(tmp_path: Path) -> None:
     assert denied["allowed"] is False and "GPU004" in denied["status"]["message"]
     assert allowed["allowed"] is True
     assert ("read_node", ("mps-node",)) in fake.calls
+
+
+# ---- 5. oversized reviews: what the API server legitimately sends is judged, a real 413 above it ------------
+
+
+def _padded_pod(pad_bytes: int) -> dict[str, Any]:
+    # 540 KB of "<" in an annotation: Go's encoder writes each as \u003c, six bytes
+    pod = make_pod([container("main", gpu=1), caps(add=["SYS_ADMIN"])])
+    pod["metadata"]["annotations"] = {"example.com/notes": "<" * pad_bytes}
+    return pod
+
+
+def _go_escaped(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).replace("<", "\\u003c").encode()
+
+
+def test_a_large_update_review_is_judged_not_refused(server: Server) -> None:
+    pod = _padded_pod(540_000)
+    body = review(pod, operation="UPDATE", old=pod)
+    raw = _go_escaped(body)
+    assert len(raw) > 6_000_000  # object and oldObject, each ~3.2 MB once escaped
+    client = server.client()
+    try:
+        reply = client.request("POST", "/validate", raw, headers={"Content-Type": "application/json"})
+    finally:
+        client.close()
+    assert reply.status == 200, reply.body[:200]
+    assert reply.json["response"]["allowed"] is True  # an unchanged pod: nothing new to deny
+
+
+def test_a_large_create_review_is_judged_and_denied(server: Server) -> None:
+    raw = _go_escaped(review(_padded_pod(540_000)))
+    assert len(raw) > 3 * 1024 * 1024  # above the old 3 MiB limit
+    client = server.client()
+    try:
+        reply = client.request("POST", "/validate", raw, headers={"Content-Type": "application/json"})
+    finally:
+        client.close()
+    assert reply.status == 200
+    assert "GPU003" in reply.json["response"]["status"]["message"]
+
+
+def test_above_the_limit_is_a_real_413(server: Server) -> None:
+    # the apiserver announces its body's length: the answer comes before a byte of it is read
+    limit = _policy().max_request_bytes
+    client = server.client()
+    conn = client.new_connection()
+    try:
+        conn.putrequest("POST", "/validate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(limit + 1))
+        conn.endheaders()
+        reply = conn.getresponse()
+        status, payload = reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+        client.close()
+    assert status == 413
+    assert payload == {"error": f"request body is larger than {limit} bytes"}
