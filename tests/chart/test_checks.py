@@ -46,6 +46,25 @@ FAIL_CASES: list[Any] = [
     pytest.param({"devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains envvar, but the toolkit ignores "
                  "NVIDIA_VISIBLE_DEVICES from unprivileged containers", id="envvar-unprivileged"),
+    # ---- runtime layout and sharing configs as the pinned device plugin v0.20 reads them (issue 12) ----
+    pytest.param({"toolkit.enabled": False, "devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
+                 "gpu-stack: devicePlugin.deviceListStrategy contains envvar with a preinstalled toolkit "
+                 "(toolkit.enabled=false): a toolkit that honours NVIDIA_VISIBLE_DEVICES", id="envvar-preinstalled"),
+    # k8s-device-plugin v0.20.0 api/config/v1/config.go DisableResourceNamingInConfig: rename is dropped
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
+        {"name": "gpu", "rename": "gpu-ts", "replicas": 4}]}}}}, "gpu-stack",
+                 'gpu-stack: sharing.configs.default.timeSlicing.resources nvidia.com/gpu sets rename "gpu-ts", '
+                 "which the pinned device plugin (v0.20.1) ignores", id="sharing-rename-ignored"),
+    # ... and devices reset to all
+    pytest.param({"sharing.configs": {"default": {"mps": {"resources": [
+        {"name": "nvidia.com/gpu", "devices": [0], "replicas": 4}]}}}}, "gpu-stack",
+                 "gpu-stack: sharing.configs.default.mps.resources nvidia.com/gpu sets devices [0], which the pinned "
+                 "device plugin (v0.20.1) ignores", id="sharing-devices-ignored"),
+    # bare names are prefixed (api/config/v1/resources.go NewResourceName): mig-1g.5gb is nvidia.com/mig-1g.5gb
+    pytest.param({"sharing.configs": {"default": {"migStrategy": "single", "timeSlicing": {"resources": [
+        {"name": "mig-1g.5gb", "replicas": 2}]}}}}, "gpu-stack",
+                 'gpu-stack: sharing.configs.default.timeSlicing shares nvidia.com/mig-1g.5gb, but with migStrategy '
+                 '"single"', id="sharing-bare-mig-name-normalised"),
     pytest.param({"toolkit.acceptVolumeMounts": False}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains volume-mounts, but "
                  "toolkit.acceptVolumeMounts=false",

@@ -40,6 +40,7 @@ the nodes expose.
       "exemptNamespaces" (include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray)
       "gpuResources" (dict "prefixes" $p.gpuResources.prefixes "names" $p.gpuResources.names)
       "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
+      "injectRuntimeClassName" (include "gpu-stack.gpuPodRuntimeClass" .)
       "maxRequestBytes" (int64 $p.maxRequestBytes)
       "sharing" $sharing
       "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC "podSecurityConflict" $p.mps.podSecurityConflict)
@@ -55,9 +56,11 @@ namespaceSelector:
       operator: NotIn
       values:
         {{- include "gpu-stack.webhook.exemptNamespaces" . | nindent 8 }}
-    - key: {{ .Values.webhook.namespaceOptOutLabel }}
+    {{- with .Values.webhook.namespaceOptOutLabel }}
+    - key: {{ . }}
       operator: NotIn
       values: [disabled]
+    {{- end }}
 {{- end }}
 
 {{/* clientConfig of one webhook. Call with (dict "root" $ "path" "/mutate"). */}}
