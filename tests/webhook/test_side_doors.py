@@ -374,3 +374,18 @@ def test_above_the_limit_is_a_real_413(server: Server) -> None:
         client.close()
     assert status == 413
     assert payload == {"error": f"request body is larger than {limit} bytes"}
+
+
+def test_node_name_of_an_unknown_node_falls_back_to_every_config() -> None:
+    fake = _fake()
+    policy = Policy(_policy(), facts=ApiFacts(fake))
+    decision = policy.review(parse_review(review(_pinned("no-such-node"))), Endpoint.VALIDATE)
+    assert decision.allowed is True and any("GPU004" in w for w in decision.warnings)
+    assert ("read_node", ("no-such-node",)) in fake.calls
+
+
+def test_node_without_the_label_uses_the_default_config() -> None:
+    policy = Policy(make_config({**POLICY, "sharing": {**POLICY["sharing"], "defaultConfig": "mps-bare"}}),
+                    facts=ApiFacts(_fake()))
+    decision = policy.review(parse_review(review(_pinned("plain-node"))), Endpoint.VALIDATE)
+    assert decision.allowed is False and "mps-bare" in decision.message
