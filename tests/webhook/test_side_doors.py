@@ -9,6 +9,10 @@ Upstream facts these cases rely on (each is the reason for an expectation below)
   image's NVIDIA_VISIBLE_DEVICES when `isPrivileged || acceptEnvvarUnprivileged`; a "legacy" image
   (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) defaults to "all"; device-list mounts and CDI
   annotations are read first, so the device plugin's list for a container wins over the image env.
+- How runtimes read capability names (why every spelling counts): containerd's CRI plugin
+  (WithCapabilities) matches ALL case-insensitively and adds "CAP_" + strings.ToUpper(name) for the
+  rest; CRI-O also takes names already prefixed with CAP_. Surrounding blanks are ignored by the rule
+  to stay on the safe side.
 - k8s-device-plugin v0.20.0 internal/plugin/server.go getAllocateResponse: volume-mounts also sets
   NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices; with only CDI strategies nothing of the
   sort is set (so cdi-cri alone does not override the image env).
