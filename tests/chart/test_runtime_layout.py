@@ -8,6 +8,9 @@ Upstream facts relied on:
   ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS for the volume-mounts strategy.
 - nvidia-container-toolkit v1.20.0 internal/config/image/cuda_image.go: VisibleDevices reads volume-mount
   requests first when accepted, and the environment only when privileged or accepted unprivileged.
+- nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer/container/runtime/runtime.go: RUNTIME_ENABLE_CDI
+  (enable-cdi-in-runtime) defaults to the toolkit's CDI_ENABLED, so toolkit.cdi.enabled also turns on CDI in
+  containerd / CRI-O (the cdi layout needs nothing else from the chart).
 - k8s-device-plugin v0.20.0 api/config/v1/consts.go: strategies envvar, volume-mounts, cdi-annotations, cdi-cri.
 """
 
