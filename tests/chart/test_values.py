@@ -43,6 +43,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "webhook.networkPolicy.from": {"webhook": {"networkPolicy": {"enabled": True}}},
     "mpsControlDaemon": {"sharing": {"configs": {"mps-x4": {"mps": {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
+    "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},
+    "gpuNodes.runtimeClassExists": {"toolkit": {"enabled": False}, "gpuNodes": {"runtimeClassExists": True}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {
