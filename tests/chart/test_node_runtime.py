@@ -181,3 +181,48 @@ def test_priority_quota_is_off_by_default_and_never_in_kube_system() -> None:
     assert not [o for o in objs() if o["kind"] == "ResourceQuota"]
     in_kube_system = render(4, set_json={"gpuNodes.priorityQuota.create": True}, namespace="kube-system").objects()
     assert not [o for o in in_kube_system if o["kind"] == "ResourceQuota"]
+
+
+# Every environment variable nvidia-ctk-installer reads, grouped by the flag it sets (one flag, its
+# aliases in the order the installer looks them up): NVIDIA/nvidia-container-toolkit v1.20.0
+# cmd/nvidia-ctk-installer/{main.go,toolkit/toolkit.go,container/runtime/runtime.go,
+# container/runtime/containerd/containerd.go,container/runtime/crio/crio.go} (cli.EnvVars sources).
+INSTALLER_FLAGS: list[tuple[str, ...]] = [
+    ("RUNTIME",), ("RUNTIME_CONFIG", "CONTAINERD_CONFIG", "DOCKER_CONFIG"), ("RUNTIME_DROP_IN_CONFIG",),
+    ("RUNTIME_DROP_IN_CONFIG_HOST_PATH",), ("RUNTIME_EXECUTABLE_PATH",),
+    ("RUNTIME_SOCKET", "CONTAINERD_SOCKET", "DOCKER_SOCKET"), ("RUNTIME_RESTART_MODE",), ("RUNTIME_ENABLE_CDI",),
+    ("HOST_ROOT_MOUNT",), ("NVIDIA_RUNTIME_NAME", "CONTAINERD_RUNTIME_CLASS", "DOCKER_RUNTIME_NAME"),
+    ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "CONTAINERD_SET_AS_DEFAULT", "DOCKER_SET_AS_DEFAULT"),
+    ("RUNTIME_CONFIG_SOURCES", "RUNTIME_CONFIG_SOURCE"),
+    ("RUNTIME_CONFIG_OVERRIDE", "CONTAINERD_RUNTIME_CONFIG_OVERRIDE"),
+    ("CONTAINERD_RUNTIME_TYPE",), ("CONTAINERD_USE_LEGACY_CONFIG",), ("CRIO_CONFIG_MODE",), ("CRIO_HOOKS_DIR",),
+    ("CRIO_HOOK_FILENAME",), ("ENABLE_NRI_PLUGIN",), ("NRI_NAMESPACE",), ("NRI_PLUGIN_INDEX",), ("NRI_SOCKET",),
+    ("NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES",), ("NO_DAEMON",), ("NO_RUNTIME_CONFIG",), ("TOOLKIT_DEBUG",),
+    ("TOOLKIT_INSTALL_DIR", "ROOT"), ("TOOLKIT_PACKAGE_TYPE",), ("TOOLKIT_PID_FILE", "PID_FILE"),
+    ("TOOLKIT_SOURCE_ROOT",), ("NVIDIA_DRIVER_ROOT", "DRIVER_ROOT"), ("DRIVER_ROOT_CTR_PATH",),
+    ("NVIDIA_DEV_ROOT", "DEV_ROOT"), ("DEV_ROOT_CTR_PATH",), ("CREATE_DEVICE_NODES",),
+    ("ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED",), ("ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS",),
+    ("CDI_ENABLED", "ENABLE_CDI"), ("CDI_OUTPUT_DIR",), ("CDI_KIND",), ("NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES",),
+    ("NVIDIA_CONTAINER_CLI_DEBUG",), ("NVIDIA_CONTAINER_RUNTIME_DEBUG",), ("NVIDIA_CONTAINER_RUNTIME_LOG_LEVEL",),
+    ("NVIDIA_CONTAINER_RUNTIME_MODE",), ("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_ANNOTATION_PREFIXES",),
+    ("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND",), ("NVIDIA_CONTAINER_RUNTIME_RUNTIMES",),
+    ("NVIDIA_CONTAINER_RUNTIME_HOOK_SKIP_MODE_DETECTION",),
+]
+FLAG_OF = {name: flag for flag in INSTALLER_FLAGS for name in flag}
+# Read by the NVIDIA runtime for the installer's own container, not by the installer.
+RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES"}
+
+
+@pytest.mark.parametrize("overlay", overlays())
+def test_toolkit_env_is_what_the_installer_reads_without_aliases(overlay: str) -> None:
+    found = [o for o in objs(overlay) if o["kind"] == "DaemonSet" and o["metadata"]["name"] == TOOLKIT]
+    if not found:
+        pytest.skip("toolkit disabled")
+    names = list(env(container(found[0], "nvidia-container-toolkit")))
+    assert [n for n in names if n not in FLAG_OF and n not in RUNTIME_ENV] == []
+    flags = [FLAG_OF[n] for n in names if n in FLAG_OF]
+    assert len(flags) == len(set(flags)), f"two variables set one installer flag: {names}"
+    # No runtime-specific legacy alias (CONTAINERD_CONFIG, CONTAINERD_SOCKET, ...): the generic name the
+    # installer reads first does the job for every runtime preset.
+    legacy = [n for n in names if n in FLAG_OF and FLAG_OF[n][0] != n and n.startswith(("CONTAINERD_", "DOCKER_"))]
+    assert legacy == []
