@@ -55,7 +55,7 @@ def sharing_from_configmap(data: Mapping[str, str], default_config: str | None =
     if not configs:
         raise ConfigError("the device plugin ConfigMap holds no config")
     default = default_config if default_config in configs else next(iter(configs))
-    return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, defaultConfig=default)))
+    return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, default_config=default)))
 
 
 # --- records ------------------------------------------------------------------------------------------
@@ -127,7 +127,8 @@ class Report:
                 acc[0] += res.capacity
                 acc[1] += res.allocatable
                 acc[2] += res.requested
-        object.__setattr__(self, "totals", tuple(ResourceUse(n, *v) for n, v in sorted(sums.items())))
+        object.__setattr__(self, "totals", tuple(ResourceUse(n, capacity=c, allocatable=a, requested=r)
+                                                 for n, (c, a, r) in sorted(sums.items())))
 
     @property
     def gpus(self) -> int:
@@ -194,7 +195,7 @@ def _int(value: Any) -> int | None:
 
 def _quantity(value: Any) -> int:
     try:
-        return int(parse_quantity(value))
+        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
     except (ValueError, TypeError):
         return 0
 
@@ -251,8 +252,8 @@ def _memory_label(labels: Mapping[str, str], resource: str) -> int | None:
     return own if own is not None else _int(labels.get(f"{GPU}.memory"))
 
 
-def _resource_use(name: str, node_labels: Mapping[str, str], capacity: Mapping[str, Any],
-                  allocatable: Mapping[str, Any], requested: int, config: NodeConfig | None) -> ResourceUse:
+def _resource_use(name: str, node_labels: Mapping[str, str], advertised: tuple[Mapping[str, Any], Mapping[str, Any]],
+                  requested: int, config: NodeConfig | None) -> ResourceUse:
     strategy: str | None = None
     replicas: int | None = None
     exposed = config.lookup(name) if config is not None else None
@@ -266,6 +267,7 @@ def _resource_use(name: str, node_labels: Mapping[str, str], capacity: Mapping[s
     if strategy == "mps" and replicas:
         memory = _memory_label(node_labels, name)
         mps = MpsLimits(None if memory is None else memory // replicas, 100 // replicas)
+    capacity, allocatable = advertised
     return ResourceUse(name, _quantity(capacity.get(name, 0)), _quantity(allocatable.get(name, 0)), requested,
                        strategy, replicas, mps)
 
@@ -294,7 +296,7 @@ def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> 
 
 
 def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-                 sharing: SharingIndex | None = None, gpu_resources: GpuResources | None = None,
+                 sharing: SharingIndex | None = None, *, gpu_resources: GpuResources | None = None,
                  holder_namespace: str | None = None, notes: Iterable[str] = ()) -> Report:
     """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
     `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
@@ -327,7 +329,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             other += 1
             continue
         config, node_notes = _node_config(labels, sharing)
-        resources = tuple(_resource_use(n, labels, capacity, allocatable, requested.get(n, 0), config) for n in names)
+        resources = tuple(_resource_use(n, labels, (capacity, allocatable), requested.get(n, 0), config) for n in names)
         records.append(NodeRecord(
             name=name,
             product=labels.get(f"{GPU}.product"),
