@@ -20,6 +20,7 @@ deployments/container/reconfigure-mig.sh sets nvidia.com/mig.config.state (pendi
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -127,13 +128,25 @@ PENDING_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "ml"
 
 
 @cache
-def chart_configmap() -> dict[str, Any]:
-    """The device plugin ConfigMap exactly as the chart renders it for this cluster (real helm)."""
-    helm = subprocess.run([str(ROOT / "hack" / "ensure-helm.sh"), "3"], check=True, capture_output=True,
+def _helm() -> str:
+    return subprocess.run([str(ROOT / "hack" / "ensure-helm.sh"), "3"], check=True, capture_output=True,
                           text=True).stdout.strip().splitlines()[-1]
-    out = subprocess.run([helm, "template", RELEASE, str(ROOT / "charts" / "gpu-stack"), "-n", NAMESPACE,
-                          "-f", str(VALUES), "--show-only", "templates/device-plugin/configmap.yaml"],
-                         check=True, capture_output=True, text=True).stdout
-    found = yaml.safe_load(out)
+
+
+def render_chart(args: list[str], namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """`helm template gpu-stack` with the per-node-configs overlay plus `args` (real helm 3)."""
+    out = subprocess.run([_helm(), "template", RELEASE, str(ROOT / "charts" / "gpu-stack"), "-n", namespace,
+                          "-f", str(VALUES), *args], check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@cache
+def _configmap() -> dict[str, Any]:
+    (found,) = render_chart(["--show-only", "templates/device-plugin/configmap.yaml"])
     assert found["metadata"]["name"] == CONFIGMAP
-    return dict(found)
+    return found
+
+
+def chart_configmap() -> dict[str, Any]:
+    """The device plugin ConfigMap exactly as the chart renders it for this cluster (a copy to change)."""
+    return copy.deepcopy(_configmap())
