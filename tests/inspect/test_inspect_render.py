@@ -136,3 +136,8 @@ def test_schema_rejects_unknown_fields(path: tuple[object, ...]) -> None:
     target["surprise"] = 1  # type: ignore[index]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+
+
+def test_readme_shows_this_output() -> None:
+    readme = (HERE.parents[1] / "README.md").read_text()
+    assert f"$ kubectl gpu-stack inspect\n{EXPECTED_TABLE}```\n" in readme
