@@ -113,9 +113,11 @@ def create_objects(api: client.ApiClient, objects: Iterable[Mapping[str, Any]]) 
             raise ValueError(f"unexpected {obj['kind']}")
 
 
-def inspect(*args: str, kubeconfig: Path, tool: str = "kubectl-gpu_stack") -> subprocess.CompletedProcess[str]:
+def inspect(*args: str, kubeconfig: Path, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`kubectl-gpu_stack inspect ARGS`, or with `kubectl` (a binary) `kubectl gpu-stack inspect ARGS`."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "NO_COLOR": "1"}
-    command = [str(BIN / tool), "inspect", *args] if tool != "kubectl" else ["kubectl", "gpu-stack", "inspect", *args]
-    if tool == "kubectl":
+    command = [str(BIN / "kubectl-gpu_stack"), "inspect", *args]
+    if kubectl:
+        command = [kubectl, "gpu-stack", "inspect", *args]
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # where kubectl finds kubectl-gpu_stack
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)

@@ -6,9 +6,8 @@ table and JSON are the ones the unit tests and README.md show, byte for byte."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,10 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inspect"))
-from inspect_api import (
+from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
+
+from .e2elib import E2ECluster
+from .inspect_api import (
     api_client,
     apply_configmap,
     create_all,
@@ -26,7 +28,6 @@ from inspect_api import (
     inspect,
     service_account_kubeconfig,
 )
-from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
 
 pytestmark = pytest.mark.e2e
 EXPECTED = Path(__file__).resolve().parents[1] / "inspect"
@@ -37,15 +38,8 @@ ARGS = ("-l", SELECTOR, "--configmap-namespace", CONFIGMAP_NAMESPACE)
 
 
 @pytest.fixture(scope="module")
-def kubeconfig() -> Path:
-    path = os.environ.get("GPU_STACK_E2E_KUBECONFIG")
-    if not path:
-        pytest.skip("no control plane: set GPU_STACK_E2E_KUBECONFIG")
-    return Path(path)
-
-
-@pytest.fixture(scope="module")
-def four_nodes(kubeconfig: Path) -> Iterator[Path]:
+def four_nodes(cluster: E2ECluster) -> Iterator[Path]:
+    kubeconfig = Path(cluster.kubeconfig)
     api = api_client(kubeconfig)
     configmap = chart_configmap()
     configmap["metadata"]["namespace"] = CONFIGMAP_NAMESPACE
@@ -67,9 +61,9 @@ def test_json_is_exact(four_nodes: Path) -> None:
     assert result.stdout == (EXPECTED / "expected-4node.json").read_text()
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
-def test_as_a_kubectl_plugin(four_nodes: Path) -> None:
-    result = inspect(*ARGS, kubeconfig=four_nodes, tool="kubectl")
+def test_as_a_kubectl_plugin(four_nodes: Path, cluster: E2ECluster) -> None:
+    # The real kubectl finds kubectl-gpu_stack on PATH and runs it for `kubectl gpu-stack`.
+    result = inspect(*ARGS, kubeconfig=four_nodes, kubectl=cluster.kubectl_bin)
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (EXPECTED / "expected-4node.txt").read_text()
 
@@ -113,8 +107,6 @@ def test_rbac_names_verb_and_resource_then_the_chart_role_is_enough(four_nodes: 
 
 
 def _until_allowed(kubeconfig: Path) -> Any:
-    import time  # noqa: PLC0415
-
     for _ in range(50):  # RBAC changes reach the authorizer's cache within moments
         result = inspect(*ARGS, kubeconfig=kubeconfig)
         if result.returncode == 0:

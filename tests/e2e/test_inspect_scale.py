@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .e2elib import E2ECluster
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.environ.get("GPU_STACK_E2E_SCALE") != "1", reason="scale test: set GPU_STACK_E2E_SCALE=1"),
@@ -29,7 +31,8 @@ _spec.loader.exec_module(scale)
 NODES, PODS = 500, 20_000
 
 
-def test_500_nodes_20000_pods(kubeconfig: Path) -> None:
+def test_500_nodes_20000_pods(cluster: E2ECluster) -> None:
+    kubeconfig = Path(cluster.kubeconfig)
     populated = scale.populate(kubeconfig, NODES, PODS)
     assert (populated.nodes, populated.pods) == (NODES, PODS)
     run = scale.run_inspect(kubeconfig, "-l", scale.SELECTOR)
