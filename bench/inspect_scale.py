@@ -92,6 +92,7 @@ class Populated:
     pods: int
     requests: int
     seconds: float
+    server: str = ""  # the API server's gitVersion
 
 
 def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Populated:
@@ -140,8 +141,10 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
         list(executor.map(create_node, node_objects))
         list(executor.map(create_pod, pod_objects, chunksize=64))
     requests += 2 * nodes + pods + sum(1 for _, phase in pod_objects if phase)
+    elapsed = time.perf_counter() - started
+    version = json.loads(http.request("GET", host + "/version", headers=headers).data).get("gitVersion", "?")
     api.close()
-    return Populated(nodes, pods, requests, time.perf_counter() - started)
+    return Populated(nodes, pods, requests, elapsed, version)
 
 
 @dataclass
@@ -180,7 +183,8 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
         f"* Command: `make bench-inspect`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} CPUs, Linux {platform.release()}, CPython {platform.python_version()}; "
         "API server, etcd and the command on the same machine (shared with other work).",
-        f"* Cluster: throwaway kube-apiserver v1.36 + etcd (hack/controlplane.py); {populated.nodes} GPU nodes and "
+        f"* Cluster: kube-apiserver {populated.server} (`make bench-inspect`: a throwaway control plane from "
+        f"hack/controlplane.py, etcd 3.4); {populated.nodes} GPU nodes and "
         f"{populated.pods:,} pods created through the API in {populated.seconds:.1f} s "
         f"({populated.requests:,} requests, {populated.requests / populated.seconds:,.0f}/s, 12 concurrent POSTs).",
         f"* Listed by the command: {runs[0].nodes} nodes and {runs[0].pods:,} pods (bound, not finished: "

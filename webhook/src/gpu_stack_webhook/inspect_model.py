@@ -22,7 +22,7 @@ described by inspect-v1.schema.json beside this file. A field is only ever added
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -220,7 +220,7 @@ def _requests(container: Mapping[str, Any]) -> dict[str, int]:
     return {name: _quantity(v) for name, v in merged.items()}
 
 
-def pod_requests(spec: Mapping[str, Any], is_gpu: Any) -> dict[str, int]:
+def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict[str, int]:
     """What the scheduler counts against the node for each GPU resource: the larger of the sum over
     containers and sidecars, and each init container plus the sidecars started before it."""
     total: dict[str, int] = {}
