@@ -93,6 +93,7 @@ class Populated:
     requests: int
     seconds: float
     server: str = ""  # the API server's gitVersion
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # os.getloadavg() before creating
 
 
 def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Populated:
@@ -115,6 +116,7 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
         if response.status >= 300 and response.status != 409:
             raise RuntimeError(f"{method} {path}: {response.status} {response.data[:300]!r}")
 
+    load = os.getloadavg()
     started = time.perf_counter()
     for namespace in NAMESPACES:
         call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
@@ -144,7 +146,7 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
     elapsed = time.perf_counter() - started
     version = json.loads(http.request("GET", host + "/version", headers=headers).data).get("gitVersion", "?")
     api.close()
-    return Populated(nodes, pods, requests, elapsed, version)
+    return Populated(nodes, pods, requests, elapsed, version, load)
 
 
 @dataclass
@@ -182,7 +184,8 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
         "",
         f"* Command: `make bench-inspect`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} CPUs, Linux {platform.release()}, CPython {platform.python_version()}; "
-        "API server, etcd and the command on the same machine (shared with other work).",
+        "API server, etcd, controller manager and the command on the same machine, shared with other work "
+        f"(load average {populated.load[0]:.1f} before creating, {os.getloadavg()[0]:.1f} after the runs).",
         f"* Cluster: kube-apiserver {populated.server} (`make bench-inspect`: a throwaway control plane from "
         f"hack/controlplane.py, etcd 3.4); {populated.nodes} GPU nodes and "
         f"{populated.pods:,} pods created through the API in {populated.seconds:.1f} s "

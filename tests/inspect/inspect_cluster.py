@@ -93,9 +93,15 @@ def container(name: str, gpus: dict[str, int] | None = None) -> dict[str, Any]:
     return spec
 
 
+NO_KUBELET = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute"}
+              for taint in ("unreachable", "not-ready")]
+
+
 def pod(namespace: str, name: str, node_name: str, containers: list[dict[str, Any]],
         init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"nodeName": node_name, "containers": containers}
+    # With no kubelet, a test API server's node lifecycle controller taints the nodes unreachable and
+    # would evict the pods 5 minutes later; tolerating that (as DaemonSet pods do) keeps them.
+    spec: dict[str, Any] = {"nodeName": node_name, "containers": containers, "tolerations": NO_KUBELET}
     if init:
         spec["initContainers"] = init
     # The API server sets phase Pending at creation (and, without a kubelet, it stays so).
