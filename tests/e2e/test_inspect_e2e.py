@@ -6,6 +6,8 @@ table and JSON are the ones the unit tests and README.md show, byte for byte."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -113,3 +115,17 @@ def _until_allowed(kubeconfig: Path) -> Any:
             return result
         time.sleep(0.2)
     raise AssertionError(result.stderr)
+
+
+def test_small_pages_give_the_same_output(four_nodes: Path) -> None:
+    # Two objects per request: several pages of nodes and pods, each next page asked for while the
+    # previous one is parsed (inspect_kube.Reader.list_all).
+    result = inspect(*ARGS, "--chunk-size", "2", "-v", kubeconfig=four_nodes)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (EXPECTED / "expected-4node.txt").read_text()
+    found = re.fullmatch(r"read (\d+) nodes and (\d+) pods in (\d+) requests, [\d.]+ s\n", result.stderr)
+    assert found, result.stderr
+    nodes, pods, requests = map(int, found.groups())
+    assert (nodes, pods) == (5, 10)  # the finished and the unbound pods are filtered out by the server
+    pages = math.ceil(nodes / 2) + math.ceil(pods / 2) + 1  # + the ConfigMap
+    assert pages <= requests <= pages + 2

@@ -83,3 +83,16 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
     result = run("kubectl-gpu_stack", "inspect", *args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(("body", "token"), [
+    (b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9","continue":"eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"},'
+     b'"items":[{"metadata":{"name":"a","annotations":{"continue":"not this"}}}]}', "eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"),
+    (b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9"},'
+     b'"items":[{"metadata":{"name":"a","annotations":{"continue":"not this"}}}]}', None),
+    (b'{"kind":"NodeList","metadata":{"continue":"a\\"b"},"items":[]}', None),  # escaped: parse the page instead
+])
+def test_continue_token_is_read_from_list_metadata_only(body: bytes, token: str | None) -> None:
+    from gpu_stack_webhook.inspect_kube import _continue_token  # noqa: PLC0415
+
+    assert _continue_token(body) == token

@@ -239,8 +239,8 @@ def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict
     for name, amount in _dict(spec.get("overhead")).items():
         if is_gpu(name):
             total[name] = total.get(name, 0) + _quantity(amount)
-    return {n: max(total.get(n, 0), peak.get(n, 0)) for n in sorted(set(total) | set(peak))
-            if max(total.get(n, 0), peak.get(n, 0))}
+    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in sorted(set(total) | set(peak))}
+    return {n: amount for n, amount in merged.items() if amount}
 
 
 def _is_gpu_node(labels: Mapping[str, str], gpu_resources: Iterable[str]) -> bool:
