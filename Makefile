@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test e2e demo lint bench helm clean fuzz soak
+.PHONY: all venv test e2e demo lint bench bench-inspect helm clean fuzz soak
 
 all: test
 
@@ -43,6 +43,12 @@ demo: $(STAMP) helm
 # baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root). Writes BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
+
+# `kubectl gpu-stack inspect` at scale: 500 GPU nodes and 20,000 pods POSTed to a throwaway API server
+# (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min). Writes bench/inspect-scale.md
+# and its section of BENCHMARKS.md (`make bench` keeps it). The same check as a test: GPU_STACK_E2E_SCALE=1 make e2e.
+bench-inspect: $(STAMP) helm
+	$(PY) hack/controlplane.py run -- $(PY) bench/inspect_scale.py --report
 
 # Long property-based run (tests/property, hypothesis profile "fuzz": FUZZ_EXAMPLES per property, default
 # 17000 x 9 properties > 150,000 cases); prints the cases run per property and in total.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 ANALYSIS = Path(__file__).resolve().parent / "analysis.md"
+INSPECT_SCALE = Path(__file__).resolve().parent / "inspect-scale.md"
 TARGET_RATIO = 0.8
 TARGET_RPS = 2000
 TARGET_P99_MS = 10.0
@@ -242,6 +243,9 @@ def render(results: dict[str, Any], command: str) -> str:
     w("")
     if ANALYSIS.is_file():
         w(ANALYSIS.read_text(encoding="utf-8").rstrip())
+        w("")
+    if INSPECT_SCALE.is_file():  # written by `make bench-inspect` (bench/inspect_scale.py), kept here
+        w(INSPECT_SCALE.read_text(encoding="utf-8").rstrip())
         w("")
     return "\n".join(out)
 

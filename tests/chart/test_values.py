@@ -56,6 +56,7 @@ EXAMPLES: dict[str, Any] = {
     "migManager.extraConfigs": {"example": [{"devices": "all", "mig-enabled": False}]},
     "webhook.rbac.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
     "webhook.rbac.extraClusterRules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+    "inspect.rbac.subjects": [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}],
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
 }
 

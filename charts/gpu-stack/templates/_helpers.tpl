@@ -57,3 +57,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-stack.image" -}}
 {{- printf "%s:%s" .repository .tag }}
 {{- end }}
+
+{{/* ClusterRole (and optional ClusterRoleBinding) of `kubectl gpu-stack inspect`. */}}
+{{- define "gpu-stack.inspectClusterRoleName" -}}
+{{- include "gpu-stack.componentName" (dict "root" . "component" "inspect") }}
+{{- end }}

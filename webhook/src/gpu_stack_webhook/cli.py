@@ -1,7 +1,9 @@
-"""`gpu-stack-webhook`: serve the webhook (gunicorn over TLS) or check manifests offline.
+"""`gpu-stack-webhook`: serve the webhook (gunicorn over TLS), check manifests offline, or inspect the
+cluster's GPUs (inspect_cli; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
 
     gpu-stack-webhook serve --config policy.yaml --cert tls.crt --key tls.key --bind 0.0.0.0:8443
     gpu-stack-webhook check -f manifests/ [-f pod.yaml ...] [--config policy.yaml]
+    gpu-stack-webhook inspect [-o wide|json|yaml] [--node NAME] [-l SELECTOR] [-n NAMESPACE]
 
 `check` sends every object through the same code as the HTTP endpoints (an AdmissionReview built by
 `admission_review`, answered by `app.answer_review`): the mutating pass, its JSONPatch applied, then
@@ -28,7 +30,7 @@ import jsonpatch
 import yaml
 from gunicorn.app.base import BaseApplication
 
-from . import cluster, gunicorn_conf
+from . import cluster, gunicorn_conf, inspect_cli
 from .admission import REASONS
 from .config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
 from .engine import Endpoint, Policy
@@ -280,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("-n", "--namespace", default="default",
                      help="namespace for objects that name none (default %(default)s)")
     chk.set_defaults(func=check)
+
+    ins = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what (also: "
+                              "kubectl gpu-stack inspect)")
+    inspect_cli.add_arguments(ins)
+    ins.set_defaults(func=inspect_cli.run)
     return parser
 
 

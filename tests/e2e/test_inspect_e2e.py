@@ -1,0 +1,131 @@
+"""`kubectl gpu-stack inspect` against a real API server: the 4-node GPU cluster of
+tests/inspect/inspect_cluster.py created through the API (Nodes with GFD labels and device plugin
+capacity/allocatable, Pods bound with spec.nodeName, the chart's device plugin ConfigMap); the printed
+table and JSON are the ones the unit tests and README.md show, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inspect"))
+from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
+
+from .e2elib import E2ECluster
+from .inspect_api import (
+    api_client,
+    apply_configmap,
+    create_all,
+    create_objects,
+    create_pod,
+    inspect,
+    service_account_kubeconfig,
+)
+
+pytestmark = pytest.mark.e2e
+EXPECTED = Path(__file__).resolve().parents[1] / "inspect"
+LABEL = {"gpu-stack.io/e2e": "inspect"}
+SELECTOR = "gpu-stack.io/e2e=inspect"
+CONFIGMAP_NAMESPACE = "inspect-e2e"
+ARGS = ("-l", SELECTOR, "--configmap-namespace", CONFIGMAP_NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def four_nodes(cluster: E2ECluster) -> Iterator[Path]:
+    kubeconfig = Path(cluster.kubeconfig)
+    api = api_client(kubeconfig)
+    configmap = chart_configmap()
+    configmap["metadata"]["namespace"] = CONFIGMAP_NAMESPACE
+    apply_configmap(api, configmap)
+    create_all(api, NODES, [*PODS, *FINISHED_PODS], LABEL)
+    create_pod(api, PENDING_POD)  # never bound: filtered out by the server
+    yield kubeconfig
+
+
+def test_table_is_exact(four_nodes: Path) -> None:
+    result = inspect(*ARGS, kubeconfig=four_nodes)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == (EXPECTED / "expected-4node.txt").read_text()
+
+
+def test_json_is_exact(four_nodes: Path) -> None:
+    result = inspect(*ARGS, "-o", "json", kubeconfig=four_nodes)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == (EXPECTED / "expected-4node.json").read_text()
+
+
+def test_as_a_kubectl_plugin(four_nodes: Path, cluster: E2ECluster) -> None:
+    # The real kubectl finds kubectl-gpu_stack on PATH and runs it for `kubectl gpu-stack`.
+    result = inspect(*ARGS, kubeconfig=four_nodes, kubectl=cluster.kubectl_bin)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == (EXPECTED / "expected-4node.txt").read_text()
+
+
+def test_one_node_one_namespace(four_nodes: Path) -> None:
+    result = inspect("--node", "gpu-t4-timesliced", "-n", "vision", "-o", "yaml",
+                     "--configmap-namespace", CONFIGMAP_NAMESPACE, kubeconfig=four_nodes)
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = yaml.safe_load(result.stdout)
+    (node,) = doc["nodes"]
+    assert node["name"] == "gpu-t4-timesliced"
+    assert [(r["requested"], r["free"]) for r in node["resources"]] == [(4, 4)]  # all namespaces count
+    assert [(p["name"], p["container"]) for p in node["pods"]] == [("detector", "infer"), ("detector", "tracker")]
+    assert doc["summary"]["holderNamespace"] == "vision"
+
+
+def test_unknown_node(four_nodes: Path) -> None:
+    result = inspect("--node", "gpu-nope", kubeconfig=four_nodes)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", "error: node not found: gpu-nope\n")
+
+
+def test_rbac_names_verb_and_resource_then_the_chart_role_is_enough(four_nodes: Path, tmp_path: Path) -> None:
+    api = api_client(four_nodes)
+    user = service_account_kubeconfig(api, four_nodes, CONFIGMAP_NAMESPACE, "gpu-viewer", tmp_path / "sa")
+    denied = inspect(*ARGS, kubeconfig=user)
+    assert denied.returncode == 1
+    assert denied.stdout == ""
+    assert denied.stderr == (
+        'error: forbidden: you cannot list nodes at the cluster scope (nodes is forbidden: User '
+        f'"system:serviceaccount:{CONFIGMAP_NAMESPACE}:gpu-viewer" cannot list resource "nodes" in API group "" '
+        "at the cluster scope); the chart's read-only ClusterRole (inspect.rbac.create) grants what inspect needs\n")
+
+    # The chart's ClusterRole, bound through inspect.rbac.subjects, is all the command needs.
+    subject = {"kind": "ServiceAccount", "name": "gpu-viewer", "namespace": CONFIGMAP_NAMESPACE}
+    objects = render_chart(["--set-json", f"inspect.rbac.subjects={json.dumps([subject])}",
+                            "--show-only", "templates/inspect/clusterrole.yaml",
+                            "--show-only", "templates/inspect/clusterrolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
+    create_objects(api, objects)
+    allowed = _until_allowed(user)
+    assert allowed.stdout == (EXPECTED / "expected-4node.txt").read_text()
+
+
+def _until_allowed(kubeconfig: Path) -> Any:
+    for _ in range(50):  # RBAC changes reach the authorizer's cache within moments
+        result = inspect(*ARGS, kubeconfig=kubeconfig)
+        if result.returncode == 0:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(result.stderr)
+
+
+def test_small_pages_give_the_same_output(four_nodes: Path) -> None:
+    # Two objects per request: several pages of nodes and pods, each next page asked for while the
+    # previous one is parsed (inspect_kube.Reader.list_all).
+    result = inspect(*ARGS, "--chunk-size", "2", "-v", kubeconfig=four_nodes)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (EXPECTED / "expected-4node.txt").read_text()
+    found = re.fullmatch(r"read (\d+) nodes and (\d+) pods in (\d+) requests, [\d.]+ s\n", result.stderr)
+    assert found, result.stderr
+    nodes, pods, requests = map(int, found.groups())
+    assert (nodes, pods) == (5, 10)  # the finished and the unbound pods are filtered out by the server
+    pages = math.ceil(nodes / 2) + math.ceil(pods / 2) + 1  # + the ConfigMap
+    assert pages <= requests <= pages + 2

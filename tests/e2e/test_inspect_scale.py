@@ -1,0 +1,45 @@
+"""`inspect` at scale against a real API server: 500 GPU nodes and 20,000 pods created through the API
+(bench/inspect_scale.py builds and POSTs them), then the command's summary and request count.
+
+Creating the objects takes a minute or more on a 2-CPU machine, so this runs only when asked:
+GPU_STACK_E2E_SCALE=1 (`make bench-inspect` also writes the figures into BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from .e2elib import E2ECluster
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get("GPU_STACK_E2E_SCALE") != "1", reason="scale test: set GPU_STACK_E2E_SCALE=1"),
+]
+
+_spec = importlib.util.spec_from_file_location(
+    "inspect_scale", Path(__file__).resolve().parents[2] / "bench" / "inspect_scale.py")
+assert _spec and _spec.loader
+scale = importlib.util.module_from_spec(_spec)
+sys.modules["inspect_scale"] = scale
+_spec.loader.exec_module(scale)
+
+NODES, PODS = 500, 20_000
+
+
+def test_500_nodes_20000_pods(cluster: E2ECluster) -> None:
+    kubeconfig = Path(cluster.kubeconfig)
+    populated = scale.populate(kubeconfig, NODES, PODS)
+    assert (populated.nodes, populated.pods) == (NODES, PODS)
+    run = scale.run_inspect(kubeconfig, "-l", scale.SELECTOR)
+    assert run.stdout.rstrip("\n").rsplit("\n", 1)[-1] == scale.expected_summary(NODES) == (
+        "500 GPU nodes, 750 GPUs; free: nvidia.com/gpu 1750/2500, nvidia.com/mig-1g.5gb 125/250, "
+        "nvidia.com/mig-2g.10gb 0/125, nvidia.com/mig-3g.20gb 125/125; 1000 pods holding GPU resources")
+    assert run.nodes == NODES
+    assert run.pods >= PODS - NODES  # one Succeeded pod per node is filtered out by the server
+    # Paged: one request per 500 objects (and the ConfigMap), never one per node or pod.
+    assert run.requests <= math.ceil(run.pods / 500) + math.ceil(run.nodes / 500) + 3

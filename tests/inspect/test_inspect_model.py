@@ -1,0 +1,142 @@
+"""The inspect model: GFD labels, the chart's device plugin configs and bound pods -> per-node records."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from gpu_stack_webhook import inspect_model
+from gpu_stack_webhook.config import ConfigError
+from gpu_stack_webhook.inspect_model import build_report, pod_requests, sharing_from_configmap
+from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
+
+
+def chart_sharing() -> Any:
+    cm = chart_configmap()
+    return sharing_from_configmap(cm["data"], cm["metadata"]["annotations"]["gpu-stack.io/default-config"])
+
+
+def records(report: inspect_model.Report) -> dict[str, inspect_model.NodeRecord]:
+    return {n.name: n for n in report.nodes}
+
+
+def usage(record: inspect_model.NodeRecord) -> dict[str, tuple[int, int, int, int]]:
+    return {r.name: (r.capacity, r.allocatable, r.requested, r.free) for r in record.resources}
+
+
+def test_four_node_cluster() -> None:
+    report = build_report(NODES, [*PODS, *FINISHED_PODS, PENDING_POD], chart_sharing())
+    nodes = records(report)
+    assert list(nodes) == ["gpu-a100-exclusive", "gpu-a100-mig", "gpu-l4-mps", "gpu-t4-timesliced"]
+    assert report.other_nodes == 1  # cpu-worker
+
+    exclusive = nodes["gpu-a100-exclusive"]
+    assert (exclusive.product, exclusive.memory_mib, exclusive.gpu_count) == ("NVIDIA-A100-SXM4-40GB", 40960, 2)
+    assert (exclusive.config_label, exclusive.config) == (None, "default")  # no label: the default config
+    assert usage(exclusive) == {"nvidia.com/gpu": (2, 2, 1, 1)}  # the Succeeded pod holds nothing
+    assert [(r.strategy, r.replicas, r.mps) for r in exclusive.resources] == [("exclusive", 1, None)]
+
+    ts = nodes["gpu-t4-timesliced"]
+    assert (ts.product, ts.sharing_strategy, ts.replicas, ts.config) == ("Tesla-T4-SHARED", "time-slicing", 4, "ts-x4")
+    assert usage(ts) == {"nvidia.com/gpu": (8, 8, 4, 4)}
+    assert [(h.namespace, h.pod, h.container, h.amount) for h in ts.holders] == [
+        ("ml", "notebook-1", "jupyter", 1), ("ml", "notebook-2", "jupyter", 1),
+        ("vision", "detector", "infer", 1), ("vision", "detector", "tracker", 1)]
+
+    mps = nodes["gpu-l4-mps"]
+    assert usage(mps) == {"nvidia.com/gpu": (10, 10, 3, 7)}  # the Failed pod holds nothing
+    (res,) = mps.resources
+    assert (res.strategy, res.replicas) == ("mps", 10)
+    assert res.mps == inspect_model.MpsLimits(memory_mib=2303, active_thread_percentage=10)
+
+    mig = nodes["gpu-a100-mig"]
+    assert (mig.mig_strategy, mig.mig_config, mig.mig_state, mig.config) == ("mixed", "all-balanced", "success",
+                                                                            "mig-mixed")
+    assert usage(mig) == {"nvidia.com/mig-1g.5gb": (2, 2, 1, 1), "nvidia.com/mig-2g.10gb": (1, 1, 0, 1),
+                          "nvidia.com/mig-3g.20gb": (1, 1, 1, 0)}
+    assert {r.strategy for r in mig.resources} == {"exclusive"}  # mixed: every profile its own resource
+
+    assert [(t.name, t.allocatable, t.requested, t.free) for t in report.totals] == [
+        ("nvidia.com/gpu", 20, 8, 12), ("nvidia.com/mig-1g.5gb", 2, 1, 1), ("nvidia.com/mig-2g.10gb", 1, 0, 1),
+        ("nvidia.com/mig-3g.20gb", 1, 1, 0)]
+    assert (report.gpus, report.holding_pods) == (6, 9)
+
+
+def test_mps_limits_follow_the_mps_control_daemon() -> None:
+    # NVIDIA/k8s-device-plugin v0.20.0 cmd/mps-control-daemon/mps/daemon.go: perDevicePinnedDeviceMemoryLimits
+    # sets totalMemory/replicas per device, activeThreadPercentage 100/replicas (integer division).
+    labels = {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.memory": "15360",
+              "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "3", "nvidia.com/gpu.sharing-strategy": "mps"}
+    report = build_report([node("n", labels, {"nvidia.com/gpu": 3})], [])  # no ConfigMap: the labels say it
+    (res,) = report.nodes[0].resources
+    assert (res.strategy, res.replicas, res.mps) == ("mps", 3, inspect_model.MpsLimits(5120, 33))
+
+
+def test_without_configmap_strategy_comes_from_gfd_labels() -> None:
+    nodes = records(build_report(NODES, PODS))
+    assert [(r.strategy, r.replicas) for r in nodes["gpu-t4-timesliced"].resources] == [("time-slicing", 4)]
+    assert [(r.strategy, r.replicas) for r in nodes["gpu-a100-exclusive"].resources] == [("exclusive", 1)]
+    assert nodes["gpu-a100-exclusive"].config is None
+
+
+def test_label_naming_no_config_falls_back_to_default() -> None:
+    labels = {**NODES[1]["metadata"]["labels"], "nvidia.com/device-plugin.config": "typo"}
+    report = build_report([node("n", labels, {"nvidia.com/gpu": 2})], [], chart_sharing())
+    assert report.nodes[0].config == "default"
+    assert report.nodes[0].notes == (
+        "nvidia.com/device-plugin.config=typo names no config; the device plugin falls back to 'default'",)
+
+
+def test_mig_pending_and_overcommit_are_noted() -> None:
+    mig = copy.deepcopy(NODES[3])
+    mig["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
+    pods = [pod("a", f"p{i}", "gpu-a100-mig", [container("c", {"nvidia.com/mig-2g.10gb": 1})]) for i in range(2)]
+    (record,) = build_report([mig], pods).nodes
+    assert record.notes == ("MIG reconfiguration to 'all-balanced' is pending",
+                            "nvidia.com/mig-2g.10gb: pods request 2, 1 allocatable")
+
+
+def test_pod_requests_count_like_the_scheduler() -> None:
+    gpu = "nvidia.com/gpu"
+    spec = {
+        "initContainers": [
+            {"name": "setup", "resources": {"limits": {gpu: "3"}}},  # runs alone before the sidecar
+            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {gpu: "1"}, "limits": {gpu: "1"}}},
+            {"name": "late", "resources": {"limits": {gpu: "2"}}},  # runs beside the sidecar: 3
+        ],
+        "containers": [{"name": "main", "resources": {"limits": {gpu: "1", "cpu": "2"}}}],
+    }
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 3}
+    spec["containers"].append({"name": "second", "resources": {"limits": {gpu: "2"}}})
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 4}  # 1 sidecar + 1 + 2
+
+
+def test_namespace_limits_holders_not_counts() -> None:
+    report = build_report(NODES, PODS, holder_namespace="vision")
+    nodes = records(report)
+    assert usage(nodes["gpu-t4-timesliced"]) == {"nvidia.com/gpu": (8, 8, 4, 4)}
+    assert {h.namespace for n in report.nodes for h in n.holders} == {"vision"}
+
+
+def test_pods_on_unlisted_nodes_and_unbound_pods_are_ignored() -> None:
+    report = build_report(NODES[:1], [*PODS, PENDING_POD])
+    assert [n.name for n in report.nodes] == ["gpu-a100-exclusive"]
+    assert report.holding_pods == 1
+
+
+def test_node_with_gpu_labels_but_nothing_advertised_is_a_gpu_node() -> None:
+    labels = {"nvidia.com/gpu.present": "true"}
+    (record,) = build_report([node("starting", labels, {})], []).nodes
+    assert (record.name, record.resources, record.product) == ("starting", (), None)
+
+
+@pytest.mark.parametrize("data", [{}, {"bad": "version: v2"}, {"bad": "{not yaml"}])
+def test_unusable_configmap_is_a_config_error(data: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        sharing_from_configmap(data)
+
+
+def test_single_config_is_the_default_without_annotation() -> None:
+    index = sharing_from_configmap({"only": "version: v1\nflags: {migStrategy: single}\n"})
+    assert index.default == "only"

@@ -1,0 +1,213 @@
+"""Where `gpu-stack-webhook inspect` gets its data: Nodes, Pods and the chart's device plugin ConfigMap,
+read with the user's kubeconfig through the `kubernetes` client.
+
+- Lists are paged (`limit` + `continue`, `chunk_size` objects per request, like kubectl's 500) and read
+  as raw JSON (orjson) rather than through the client's model classes, which are many times slower.
+- Pods are filtered by the API server: bound and not finished
+  (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`), and `spec.nodeName=NODE` for `--node`.
+- The ConfigMap is read with one `get` (the chart's ClusterRole may name it in resourceNames); when it
+  is missing or forbidden the report still shows what the node labels say, with a note.
+- Every failure is an `InspectError` whose message says what to do: no kubeconfig, no answer from the
+  server, credentials refused, or the verb and resource that RBAC refused.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+DEFAULT_CHUNK_SIZE = 500
+DEFAULT_TIMEOUT = (5.0, 60.0)  # (connect, read) seconds per request
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+POD_FIELD_SELECTOR = f"spec.nodeName!=,{UNFINISHED}"
+DEFAULT_CONFIG_ANNOTATION = "gpu-stack.io/default-config"
+RBAC_HINT = "the chart's read-only ClusterRole (inspect.rbac.create) grants what inspect needs"
+
+
+class InspectError(Exception):
+    """A failure the user can act on; the message is printed as it is."""
+
+
+@dataclass
+class Snapshot:
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    configs: Mapping[str, str] | None  # ConfigMap data, None when unavailable
+    default_config: str | None
+    notes: list[str] = field(default_factory=list)
+    requests: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Query:
+    nodes: Sequence[str] = ()  # --node (exact names)
+    node_selector: str | None = None  # -l
+    namespace: str | None = None  # --namespace: only the holders listed, not the counts
+    configmap_namespace: str = "gpu-stack"
+    configmap_name: str = "gpu-stack-device-plugin-configs"
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A client for the user's kubeconfig ($KUBECONFIG, ~/.kube/config), else the in-cluster account."""
+    from kubernetes import client, config  # noqa: PLC0415 - only inspect and serve need it
+    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
+
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context,  # type: ignore[no-untyped-call]
+                                client_configuration=configuration)
+    except (ConfigException, OSError) as kube_error:
+        if kubeconfig or context:
+            raise InspectError(f"cannot use kubeconfig: {kube_error}") from None
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except ConfigException:
+            raise InspectError(f"no cluster access: {kube_error} (set KUBECONFIG or pass --kubeconfig)") from None
+    configuration.retries = False
+    return client.ApiClient(configuration)
+
+
+class Reader:
+    """Counts its requests; every call goes through `_get`."""
+
+    def __init__(self, api: Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+        from kubernetes import client  # noqa: PLC0415
+
+        self.core = client.CoreV1Api(api)
+        self.host = str(api.configuration.host)
+        self.timeout = timeout
+        self.requests = 0
+
+    def _get(self, method: Callable[..., Any], verb: str, resource: str, scope: str, *args: Any,
+             **kwargs: Any) -> dict[str, Any] | None:
+        raw = self._raw(method, verb, resource, scope, *args, **kwargs)
+        return None if raw is None else dict(orjson.loads(raw))
+
+    def _raw(self, method: Callable[..., Any], verb: str, resource: str, scope: str, *args: Any,
+             **kwargs: Any) -> bytes | None:
+        """The response body as sent; None for 404; an InspectError for anything else that is not 2xx."""
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+        from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+        self.requests += 1
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            return bytes(response.data)
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            message = _status_message(exc.body)
+            if status == 404:
+                return None
+            if status == 401:
+                raise InspectError(f"the API server at {self.host} refused the credentials (401 Unauthorized): "
+                                   f"{message}") from None
+            if status == 403:
+                raise InspectError(f"forbidden: you cannot {verb} {resource} {scope} ({message}); "
+                                   f"{RBAC_HINT}") from None
+            if status == 410:
+                raise InspectError(f"{verb} {resource}: the list changed too much while paging ({message}); "
+                                   "run the command again") from None
+            raise InspectError(f"{verb} {resource} {scope}: HTTP {status} {exc.reason}: {message}") from None
+        except (HTTPError, OSError) as exc:
+            raise InspectError(f"cannot reach the Kubernetes API server at {self.host}: {exc}") from None
+
+    def list_all(self, method: Callable[..., Any], resource: str, scope: str, *args: Any, chunk_size: int,
+                 **selectors: str | None) -> Iterator[dict[str, Any]]:
+        """Every item, page by page. The next page is requested as soon as this one's continue token is
+        read from the top of its body, so the server prepares it while this one is parsed."""
+        kwargs = {k: v for k, v in selectors.items() if v}
+
+        def fetch(token: str | None) -> bytes | None:
+            return self._raw(method, "list", resource, scope, *args, limit=chunk_size,
+                             **({"_continue": token} if token else {}), **kwargs)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="inspect-prefetch") as prefetch:
+            raw = fetch(None)
+            while raw is not None:  # None: a namespace that does not exist
+                guessed = _continue_token(raw)
+                ahead = prefetch.submit(fetch, guessed) if guessed else None
+                page = orjson.loads(raw)
+                yield from page.get("items") or []
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return
+                # A quick read that missed or was wrong (never seen from a real server): ask again properly.
+                raw = ahead.result() if ahead is not None and guessed == token else fetch(token)
+
+    def nodes(self, query: Query) -> list[dict[str, Any]]:
+        if len(query.nodes) == 1:
+            selectors = {"field_selector": f"metadata.name={query.nodes[0]}", "label_selector": query.node_selector}
+        else:
+            selectors = {"label_selector": query.node_selector}
+        found = list(self.list_all(self.core.list_node, "nodes", "at the cluster scope",
+                                   chunk_size=query.chunk_size, **selectors))
+        if query.nodes:
+            found = [n for n in found if n.get("metadata", {}).get("name") in query.nodes]
+            missing = sorted(set(query.nodes) - {n["metadata"]["name"] for n in found})
+            if missing and not query.node_selector:
+                raise InspectError(f"node{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}")
+        return found
+
+    def pods(self, query: Query, node_names: Sequence[str]) -> list[dict[str, Any]]:
+        """Bound, unfinished pods in every namespace: their requests count whatever --namespace says."""
+        if query.nodes:
+            return [pod for node in node_names for pod in self.list_all(
+                self.core.list_pod_for_all_namespaces, "pods", "at the cluster scope",
+                chunk_size=query.chunk_size, field_selector=f"spec.nodeName={node},{UNFINISHED}")]
+        return list(self.list_all(self.core.list_pod_for_all_namespaces, "pods", "at the cluster scope",
+                                  chunk_size=query.chunk_size, field_selector=POD_FIELD_SELECTOR))
+
+    def configmap(self, query: Query) -> tuple[Mapping[str, str] | None, str | None, list[str]]:
+        where = f"{query.configmap_namespace}/{query.configmap_name}"
+        try:
+            body = self._get(self.core.read_namespaced_config_map, "get", "configmaps",
+                             f"in namespace {query.configmap_namespace}", query.configmap_name,
+                             query.configmap_namespace)
+        except InspectError as exc:
+            if not str(exc).startswith("forbidden"):
+                raise
+            return None, None, [f"device plugin configs not read ({exc}); sharing is shown as GFD labels it"]
+        if body is None:
+            return None, None, [f"ConfigMap {where} not found (--configmap-namespace/--configmap name it); "
+                                "sharing is shown as GFD labels it"]
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        return dict(body.get("data") or {}), annotations.get(DEFAULT_CONFIG_ANNOTATION), []
+
+
+_CONTINUE = re.compile(rb'"continue":("[^"\\]*")')
+
+
+def _continue_token(raw: bytes) -> str | None:
+    """metadata.continue of a list body, read before parsing it: the API server writes ListMeta before
+    items. Checked against the parsed page before it is relied on."""
+    head = raw[:raw.find(b'"items":')] if b'"items":' in raw[:4096] else raw[:4096]
+    found = _CONTINUE.search(head)
+    return str(orjson.loads(found.group(1))) if found else None
+
+
+def _status_message(body: Any) -> str:
+    try:
+        parsed = orjson.loads(body or b"")
+        if isinstance(parsed, dict) and parsed.get("message"):
+            return str(parsed["message"])
+    except orjson.JSONDecodeError:
+        pass
+    return str(body or "no details")[:200]
+
+
+def fetch(api: Any, query: Query) -> Snapshot:
+    started = time.perf_counter()
+    reader = Reader(api)
+    nodes = reader.nodes(query)
+    pods = reader.pods(query, [n["metadata"]["name"] for n in nodes]) if nodes else []
+    configs, default, notes = reader.configmap(query)
+    return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default, notes=notes,
+                    requests=reader.requests, seconds=time.perf_counter() - started)
