@@ -1,7 +1,11 @@
 """Self-managed TLS (`serve --tls-mode self-managed`, the chart's default) against the real API server, with
 the webhook's own ServiceAccount: a token from the TokenRequest API (`kubectl create token`), the RBAC the
 chart installs, nothing more. No nodes run the chart's Deployment, so the `serve` processes run here, with
-the arguments the chart gives the container (read from the installed Deployment)."""
+the arguments the chart gives the container (read from the installed Deployment).
+
+tests/e2e/test_selfmanaged_tls.py covers the bootstrap path (a replica starting on a corrupted Secret) and
+an RBAC denial; this file covers running replicas: the renewal thread repairing a corrupted Secret,
+CA rotation with short lifetimes, and the garbage collector after uninstall."""
 
 from __future__ import annotations
 
@@ -245,20 +249,3 @@ def test_rotation_with_short_lifetimes(cluster: E2ECluster, release: Release, se
     assert "a new CA joins the bundle" in log
     assert "the new CA is in every caBundle: it now signs the serving certificate" in log
 
-
-def test_rbac_denial_is_a_clear_error(cluster: E2ECluster, release: Release, serve: Callable[..., Serve],
-                                      tmp_path: Path) -> None:
-    # The chart's RoleBinding (Secret access in the release namespace) gone; its ClusterRole still bound.
-    user = f"system:serviceaccount:{release.namespace}:{release.fullname}-webhook"
-    cluster.kubectl("delete", "rolebinding", f"{release.fullname}-webhook", "-n", release.namespace)
-    wait_for(lambda: cluster.kubectl("auth", "can-i", "create", "secrets", "-n", release.namespace, "--as", user,
-                                     check=False).stdout.strip() == "no", "the RoleBinding's removal in effect")
-    kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
-    replica = serve(chart_serve_args(cluster, release), kubeconfig)
-    replica.process.wait(120)  # it retries a few times (RBAC may still be propagating), then gives up
-    assert replica.process.returncode != 0
-    last = replica.log().splitlines()[-1]
-    assert last == (f"gpu-stack-webhook: self-managed TLS: cannot set up Secret {release.namespace}/"
-                    f"{release.fullname}-webhook-tls: 403 Forbidden: secrets \"{release.fullname}-webhook-tls\" is "
-                    f"forbidden: User \"{user}\" cannot get resource \"secrets\" in API group \"\" in the "
-                    f"namespace \"{release.namespace}\""), replica.log()
