@@ -36,6 +36,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check webhook tests hack bench
 	$(VENV)/bin/mypy
 
+# The demo on a real control plane when one is at hand (hack/demo_live.py: chart installed, real kubectl),
+# else offline (hack/demo.py); its first line says which.
 demo: $(STAMP) helm
 	$(PY) hack/demo.py
 

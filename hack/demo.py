@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""`make demo`: the chart rendered for every overlay, then the webhook live over TLS deciding on real manifests.
+"""`make demo`: the webhook judging the manifests of hack/demo/manifests, on a real API server when there is one.
+
+With a control plane at hand (GPU_STACK_E2E_CLUSTER=existing + KUBECONFIG, KUBEBUILDER_ASSETS,
+.tools/envtest, or ../shared/envtest prepared by hack/envtest-assets.sh: see hack/controlplane.py),
+hack/demo_live.py installs the chart and runs real kubectl against it. Without one, the offline demo:
 
 1. Renders charts/gpu-stack with real Helm for the defaults and every Chart-values-examples/ overlay.
 2. Takes the webhook policy ConfigMap from the per-node-configs render (exclusive, time-slicing,
@@ -31,6 +35,9 @@ import jsonpatch
 import yaml
 from gpu_stack_webhook.certs import write_loopback_pki
 from gpu_stack_webhook.reviews import admission_review, is_judged
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import controlplane
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpu-stack"
@@ -167,6 +174,24 @@ def kubectl_like(webhook: Webhook, obj: dict[str, Any], source: str) -> str:
 
 
 def main() -> int:
+    try:
+        live = os.environ.get("GPU_STACK_E2E_CLUSTER") == "existing" or controlplane.resolve_assets(prepare=True)
+    except (controlplane.ControlPlaneError, subprocess.CalledProcessError) as exc:
+        live, reason = None, str(exc).splitlines()[0]
+    else:
+        reason = "no KUBEBUILDER_ASSETS, no ../shared/envtest, no GPU_STACK_E2E_CLUSTER=existing"
+    if live:
+        import demo_live  # noqa: PLC0415  (imports the e2e helpers, only needed here)
+
+        with controlplane.connect() as plane:
+            print(f"gpu-stack demo on {demo_live.describe(plane)}", flush=True)
+            return demo_live.run(plane)
+    print(f"gpu-stack demo offline (no control plane: {reason}): the webhook over TLS, reviews sent as the "
+          "API server would")
+    return offline()
+
+
+def offline() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-stack-demo-") as tmp:
         workdir = Path(tmp)
         policy = render_all(workdir)

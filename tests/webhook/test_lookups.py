@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import GPU, apply_patch, config_default, config_mps, container, make_pod, review, wrap
-from gpu_stack_webhook.admission import MAX_WARNING_CHARS, Decision, parse_review
+from gpu_stack_webhook.admission import MAX_WARNING_CHARS, Decision, build_response, parse_review
 from gpu_stack_webhook.config import PolicyConfig
 from gpu_stack_webhook.engine import Endpoint, Policy
 from gpu_stack_webhook.facts import OFFLINE, ApiFacts, ClusterFacts
@@ -75,8 +75,8 @@ def test_offline_the_same_pod_keeps_the_warning() -> None:
 def test_a_configmap_that_does_not_exist_yet_keeps_a_warning() -> None:
     decision = decide(env_from_pod({"configMapRef": {"name": CM}}), "validate", facts_for(fake_with(None)))
     assert decision.allowed
-    assert gpu002(decision) == [f'gpu-stack GPU002: container "main": envFrom ConfigMap "{CM}" not found (yet); '
-                                "it must not hold NVIDIA_VISIBLE_DEVICES"]
+    assert gpu002(decision) == [f'gpu-stack GPU002: container "main": envFrom ConfigMap "{CM}" must not hold '
+                                "NVIDIA_VISIBLE_DEVICES (not found yet)"]
 
 
 def test_secrets_are_never_read_and_keep_the_warning() -> None:
@@ -100,8 +100,8 @@ def test_an_unreachable_api_falls_back_to_the_offline_warning_and_says_so() -> N
     fake.unreachable = True
     decision = decide(env_from_pod({"configMapRef": {"name": CM}}), "validate", facts_for(fake))
     assert decision.allowed
-    assert gpu002(decision) == [f'gpu-stack GPU002: container "main": ConfigMap "{CM}" unchecked: API unreachable; '
-                                "must not hold NVIDIA_VISIBLE_DEVICES"]
+    assert gpu002(decision) == [f'gpu-stack GPU002: container "main": envFrom ConfigMap "{CM}" must not hold '
+                                "NVIDIA_VISIBLE_DEVICES (API unreachable)"]
 
 
 def test_missing_permission_is_a_fallback_too() -> None:
@@ -110,7 +110,7 @@ def test_missing_permission_is_a_fallback_too() -> None:
     fake = fake_with({"NVIDIA_VISIBLE_DEVICES"})
     fake.fail_next["read_configmap"] = [Forbidden(403, "Forbidden", "cannot get resource configmaps")]
     decision = decide(env_from_pod({"configMapRef": {"name": CM}}), "validate", facts_for(fake))
-    assert decision.allowed and "unchecked: no permission to read ConfigMaps" in gpu002(decision)[0]
+    assert decision.allowed and "(no permission to read ConfigMaps)" in gpu002(decision)[0]
 
 
 def test_answers_are_cached_for_the_ttl() -> None:
@@ -238,6 +238,18 @@ def test_new_warnings_fit_on_a_kubectl_line() -> None:
         assert decision.warnings
         for warning in decision.warnings:
             assert len(warning) <= MAX_WARNING_CHARS, warning
+
+
+def test_a_long_lookup_warning_is_cut_in_its_reason_not_in_what_it_warns_about() -> None:
+    # Found against a real API server (tests/e2e/test_lookups.py): with a 9-character ConfigMap name the
+    # warning ran past 120 characters and kubectl showed "... must not hold NVIDIA_VISIBLE_DEVI…".
+    for name in ("later-env", "train-job-config"):
+        for unreachable in (False, True):
+            fake = fake_with(None)
+            fake.unreachable = unreachable
+            decision = decide(env_from_pod({"configMapRef": {"name": name}}), "validate", facts_for(fake))
+            sent = build_response("u", decision, allow_patch=False)["response"]["warnings"]
+            assert f'envFrom ConfigMap "{name}" must not hold NVIDIA_VISIBLE_DEVICES' in sent[0], sent
 
 
 def test_the_gpu_resource_constant_is_what_the_pods_request() -> None:

@@ -69,12 +69,13 @@ def _unprefixed(label: str, entry: Mapping[str, object], path: str, ctx: Context
         yield Finding(ID, Severity.WARN, warning, path)
         return
     fact = ctx.facts.configmap_keys(ctx.namespace, name)
+    # What must not happen first, the reason last: kubectl shows warnings cut to 120 characters.
     if not fact.known:
-        yield Finding(ID, Severity.WARN, f'{label}: ConfigMap "{name}" unchecked: {fact.note}; must not hold '
-                      f"{VARIABLE}", path)
+        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" must not hold {VARIABLE} '
+                      f"({fact.note})", path)
     elif fact.value is None:
-        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" not found (yet); it must not '
-                      f"hold {VARIABLE}", path)
+        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" must not hold {VARIABLE} '
+                      "(not found yet)", path)
     elif VARIABLE in fact.value:
         yield Finding(
             ID,
