@@ -69,9 +69,13 @@ def test_demo_manifest_verdict(stack: Stack, manifest: str) -> None:
         assert "Error" not in proc.stderr
     else:
         assert proc.returncode == 1, proc.stdout + proc.stderr
+        # The API server returns the mutating pass's warnings (e.g. GPU008's runtime class) with a later denial.
+        warnings = [line for line in proc.stderr.splitlines() if line.startswith("Warning: ")]
+        assert all(line.startswith("Warning: gpu-stack GPU") for line in warnings), proc.stderr
+        error = "".join(line for line in proc.stderr.splitlines(keepends=True) if not line.startswith("Warning: "))
         assert re.match(rf'Error from server \(Forbidden\): error when creating "{re.escape(manifest)}": admission '
                         r'webhook "(mutate|validate)\.gpu-stack\.io" denied the request: '
-                        r"(GPU\d{3} |\d GPU policy violations: \[1\] GPU\d{3} )", proc.stderr), \
+                        r"(GPU\d{3} |\d GPU policy violations: \[1\] GPU\d{3} )", error), \
             proc.stderr
         assert rule in proc.stderr
         assert proc.stdout == ""
