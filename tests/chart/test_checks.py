@@ -54,12 +54,12 @@ FAIL_CASES: list[Any] = [
     pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
         {"name": "gpu", "rename": "gpu-ts", "replicas": 4}]}}}}, "gpu-stack",
                  'gpu-stack: sharing.configs.default.timeSlicing.resources nvidia.com/gpu sets rename "gpu-ts", '
-                 "which the pinned device plugin (v0.20.1) ignores", id="sharing-rename-ignored"),
+                 "which the pinned device plugin (v0.20.0) ignores", id="sharing-rename-ignored"),
     # ... and devices reset to all
     pytest.param({"sharing.configs": {"default": {"mps": {"resources": [
         {"name": "nvidia.com/gpu", "devices": [0], "replicas": 4}]}}}}, "gpu-stack",
                  "gpu-stack: sharing.configs.default.mps.resources nvidia.com/gpu sets devices [0], which the pinned "
-                 "device plugin (v0.20.1) ignores", id="sharing-devices-ignored"),
+                 "device plugin (v0.20.0) ignores", id="sharing-devices-ignored"),
     # bare names are prefixed (api/config/v1/resources.go NewResourceName): mig-1g.5gb is nvidia.com/mig-1g.5gb
     pytest.param({"sharing.configs": {"default": {"migStrategy": "single", "timeSlicing": {"resources": [
         {"name": "mig-1g.5gb", "replicas": 2}]}}}}, "gpu-stack",

@@ -20,6 +20,8 @@ KUBERNETES_PASS_THROUGH = {
     "valueFrom", "nodeAffinity", "podAffinity", "podAntiAffinity", "podSelector", "namespaceSelector",
     "ipBlock", "securityContext",
 }
+# Conditional subschemas (`if: {properties: {kind: {const: ...}}}`) test keys of an object defined beside them.
+CONDITIONS = {"if", "then", "else", "not"}
 
 
 def object_schemas(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -37,7 +39,8 @@ def object_schemas(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, A
 def open_objects(schema: dict[str, Any]) -> list[str]:
     """Paths of object schemas that accept any key: no additionalProperties (false or a schema)."""
     return [path for path, node in object_schemas(schema)
-            if "additionalProperties" not in node and path.rsplit("/", 1)[-1] not in KUBERNETES_PASS_THROUGH]
+            if "additionalProperties" not in node
+            and path.rsplit("/", 1)[-1] not in KUBERNETES_PASS_THROUGH | CONDITIONS]
 
 
 def test_every_object_of_the_schema_is_closed() -> None:

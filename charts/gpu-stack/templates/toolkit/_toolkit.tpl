@@ -56,11 +56,11 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
   command: ["sh", "-c"]
   args:
     - |
+      trap 'kill $! 2>/dev/null; exit 0' TERM
       until [ -x {{ $ctk }} ] && {{ $ctk }} {{ join " " $args }}; do
         echo "waiting for the toolkit to install {{ $ctk }} ..."
         sleep 5
       done
-      trap 'kill $! 2>/dev/null; exit 0' TERM
       while true; do sleep 3600 & wait $!; done
   env:
     - name: NVIDIA_VISIBLE_DEVICES
