@@ -43,6 +43,7 @@ demo: $(STAMP) helm
 # baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root). Writes BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
+	$(PY) bench/many_clients.py --out BENCHMARKS.md
 
 # Long property-based run (tests/property, hypothesis profile "fuzz": FUZZ_EXAMPLES per property, default
 # 17000 x 6 properties > 100,000 cases); prints the cases run per property and in total.
