@@ -137,11 +137,12 @@ def render(cells: dict[str, dict[int, Cell]], rounds: int, seconds: float, comma
     return "\n".join(out) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Put `section` (which starts with `begin` and ends with `end`) into the file, replacing the old one."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + section
     path.write_text(text, encoding="utf-8")
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         def server(name: str, argv: list[str]) -> run_bench.Server:
             port = run_bench.free_port()
             servers[name] = run_bench.Server(name, [*argv, *tls, *sizing, "--bind", f"127.0.0.1:{port}"], port,
-                                             tmp / "ca.crt", tmp / f"{name.split()[0]}-{port}.log")
+                                             tmp / "ca.crt", tmp / f"{name.split(maxsplit=1)[0]}-{port}.log")
             return servers[name]
 
         baseline = [sys.executable, str(run_bench.BENCH_DIR / "baseline_app.py")]
