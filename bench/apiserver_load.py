@@ -20,77 +20,22 @@ into --out between markers, replacing the previous one.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import many_clients  # noqa: E402
 
 from tests.e2e import apiload, e2elib  # noqa: E402
-from tests.e2e.e2elib import controlplane  # noqa: E402
 
 BEGIN = "<!-- apiserver-load:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-load:end -->"
 OPT_OUT = "gpu-stack.io/webhook"
-SIZING = ["--workers", "2", "--threads", "4"]
+SIZING = apiload.SIZING
 TARGET_RATIO = 1.25
 TARGET_P99_MS = 1000.0
-
-
-class BareWebhook(e2elib.LiveWebhook):
-    """bench/baseline_app.py (parse, allow) where LiveWebhook runs `gpu-stack-webhook serve`."""
-
-    def _serve(self, args: list[str]) -> None:
-        assert self.pki is not None
-        self.port = controlplane.free_port()
-        command = [sys.executable, str(ROOT / "bench" / "baseline_app.py"), "--cert", str(self.pki.cert),
-                   "--key", str(self.pki.key), "--bind", f"127.0.0.1:{self.port}", *SIZING]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                            start_new_session=True)
-        if not self._wait_healthy():
-            raise RuntimeError(f"baseline did not start:\n{self.log()}")
-
-
-def repoint(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2elib.Release) -> None:
-    """Every webhook of the release's configurations -> `hook` (LiveWebhook.repoint only rewrites the
-    chart's `service` references, and this switches back and forth between two loopback servers)."""
-    assert hook.pki is not None
-    ca = base64.b64encode(hook.pki.ca_cert.read_bytes()).decode()
-    for kind in e2elib.WEBHOOK_KINDS:
-        for obj in cluster.get_json(kind, "-l", release.selector)["items"]:
-            patch = []
-            for i, webhook in enumerate(obj["webhooks"]):
-                client = webhook["clientConfig"]
-                path = client["service"]["path"] if "service" in client else urlsplit(client["url"]).path
-                patch.append({"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                              "value": {"url": f"https://127.0.0.1:{hook.port}{path}", "caBundle": ca}})
-            cluster.kubectl("patch", kind, obj["metadata"]["name"], "--type=json", "-p", json.dumps(patch))
-
-
-def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2elib.Release, namespace: str,
-             denies: bool) -> None:
-    """Re-point the configurations and wait until the API server uses them (a dry-run pod that our
-    webhook denies and the allow-all admits)."""
-    repoint(cluster, hook, release)
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-probe"},
-             "spec": {"containers": [{"name": "c", "image": "busybox",
-                                      "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe),
-                               check=False)
-        if ("denied the request" in proc.stderr) == denies and (proc.returncode == 0 or denies):
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"the API server did not switch to {type(hook).__name__}: {proc.returncode} {proc.stderr}")
 
 
 def render(rows: dict[str, dict[int, list[apiload.LoadResult]]], creates: int, rounds: int, command: str) -> str:
@@ -125,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     creates, rounds = (200, 1) if args.quick else (args.creates, args.rounds)
     rows: dict[str, dict[int, list[apiload.LoadResult]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-stack-apiload-") as tmp_name, \
-            controlplane.connect(prepare=True) as plane:
+            e2elib.controlplane.connect(prepare=True) as plane:
         tmp = Path(tmp_name)
         cluster = e2elib.E2ECluster.from_controlplane(plane, tmp / "helm-home")
         releases = e2elib.Releases(cluster)
         ours = e2elib.LiveWebhook(cluster, tmp / "webhook")
-        bare = BareWebhook(cluster, tmp / "bare")
+        bare = apiload.BareWebhook(cluster, tmp / "bare")
         try:
             release, _ = releases.install()
             judged = cluster.create_namespace()
@@ -145,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 for concurrency in args.concurrency:
                     for name, hook, namespace in (targets if i % 2 == 0 else list(reversed(targets))):
                         if hook is not None:
-                            point_at(cluster, hook, release, judged, denies=hook is ours)
+                            apiload.point_at(cluster, hook, release, judged, denies=hook is ours)
                         apiload.create_pods(cluster, tokens[namespace], namespace, concurrency, concurrency)  # warm
                         result = apiload.create_pods(cluster, tokens[namespace], namespace, creates, concurrency)
                         rows[name][concurrency].append(result)
@@ -155,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             ours.stop()
             bare.stop()
             releases.cleanup()
-    command = "make bench" if not (argv or sys.argv[1:]) else "bench/apiserver_load.py " + " ".join(argv or sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "make bench" if not given else "bench/apiserver_load.py " + " ".join(given)
     section = render(rows, creates, rounds, command)
     many_clients.write_section(args.out, section, BEGIN, END)
     print(section)

@@ -107,7 +107,8 @@ def measure(wrk: run_bench.Wrk, targets: list[tuple[str, run_bench.Server, Path]
                 cell = cells[name][n]
                 cell.runs.append(run)
                 cell.silent_failed += silent.failed
-                print(f"  round {i + 1} {name:22} N={n:<4} {run.rps:7.0f} req/s  p99 {run.latency_us['p99'] / 1000:7.1f} ms"
+                print(f"  round {i + 1} {name:22} N={n:<4} {run.rps:7.0f} req/s"
+                      f"  p99 {run.latency_us['p99'] / 1000:7.1f} ms"
                       f"  max {run.latency_us['max'] / 1000:7.1f} ms  errors {run.errors}"
                       f"  silent conns not opened {silent.failed}", flush=True)
     return cells

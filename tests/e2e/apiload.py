@@ -15,18 +15,23 @@ import base64
 import json
 import ssl
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
 
+from . import e2elib
 from .e2elib import E2ECluster
 
 LOADER = "gpu-stack-loader"
+SIZING = ["--workers", "2", "--threads", "4"]  # as deployed (chart webhook.workers/threads)
 
 
 def pod_body() -> dict[str, Any]:
@@ -90,7 +95,7 @@ class LoadResult:
         if not self.latencies:
             return 0.0
         ordered = sorted(self.latencies)
-        return 1000 * ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+        return 1000 * ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
     @property
     def max_ms(self) -> float:
@@ -147,3 +152,52 @@ def create_pods(cluster: E2ECluster, token: str, namespace: str, total: int, con
 
 def delete_pods(cluster: E2ECluster, namespace: str) -> None:
     cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--wait=true", "--timeout=300s")
+
+
+class BareWebhook(e2elib.LiveWebhook):
+    """bench/baseline_app.py (parse, allow) where LiveWebhook runs `gpu-stack-webhook serve`."""
+
+    def _serve(self, args: list[str]) -> None:
+        assert self.pki is not None
+        self.port = e2elib.controlplane.free_port()
+        command = [sys.executable, str(e2elib.ROOT / "bench" / "baseline_app.py"), "--cert", str(self.pki.cert),
+                   "--key", str(self.pki.key), "--bind", f"127.0.0.1:{self.port}", *SIZING]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                            start_new_session=True)
+        if not self._wait_healthy():
+            raise RuntimeError(f"baseline did not start:\n{self.log()}")
+
+
+def repoint(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2elib.Release) -> None:
+    """Every webhook of the release's configurations -> `hook` (LiveWebhook.repoint only rewrites the
+    chart's `service` references, and this switches back and forth between two loopback servers)."""
+    assert hook.pki is not None
+    ca = base64.b64encode(hook.pki.ca_cert.read_bytes()).decode()
+    for kind in e2elib.WEBHOOK_KINDS:
+        for obj in cluster.get_json(kind, "-l", release.selector)["items"]:
+            patch = []
+            for i, webhook in enumerate(obj["webhooks"]):
+                client = webhook["clientConfig"]
+                path = client["service"]["path"] if "service" in client else urlsplit(client["url"]).path
+                patch.append({"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                              "value": {"url": f"https://127.0.0.1:{hook.port}{path}", "caBundle": ca}})
+            cluster.kubectl("patch", kind, obj["metadata"]["name"], "--type=json", "-p", json.dumps(patch))
+
+
+def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2elib.Release, namespace: str,
+             denies: bool) -> None:
+    """Re-point the configurations and wait until the API server uses them (a dry-run pod that our
+    webhook denies and the allow-all admits)."""
+    repoint(cluster, hook, release)
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-probe"},
+             "spec": {"containers": [{"name": "c", "image": "busybox",
+                                      "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe),
+                               check=False)
+        if ("denied the request" in proc.stderr) == denies and (proc.returncode == 0 or denies):
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"the API server did not switch to {type(hook).__name__}: {proc.returncode} {proc.stderr}")
