@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
+import signal
 import socket
 import ssl
 from collections.abc import Iterator
@@ -151,3 +153,31 @@ def test_keep_alive_connections_are_spread_over_every_worker(server: Server) -> 
             conn.close()
     assert sum(held.values()) >= 16, held
     assert all(count > 0 for count in held.values()), f"connections per worker: {held}"
+
+
+def _readyz(server: Server, timeout: float) -> int:
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(server.pki), timeout=timeout)
+    try:
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_the_readiness_probe_fails_while_the_workers_cannot_answer(server: Server) -> None:
+    """The chart's readiness probe is `GET /readyz` over HTTPS with a 1 s timeout. With every worker
+    stopped (SIGSTOP) the kernel still completes TCP connections into the listen backlog, so a TCP
+    probe would pass; the HTTPS probe times out. Once the workers run again it passes."""
+    workers = worker_pids(server)
+    assert _readyz(server, 1.0) == 200
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=1.0):
+            pass  # what a tcpSocket probe checks: it would pass
+        with pytest.raises((TimeoutError, ssl.SSLError, OSError)):
+            _readyz(server, 1.0)
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    assert _readyz(server, CLIENT_TIMEOUT) == 200
