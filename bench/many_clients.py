@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`, many keep-alive clients (issue 18): N persistent TLS clients with silent connections mixed in.
 
-    .venv/bin/python bench/many_clients.py [--out BENCHMARKS.md] [--quick] [--rounds 2] [--seconds 4]
+    .venv/bin/python bench/many_clients.py [--out BENCHMARKS.md] [--quick] [--rounds 2] [--seconds 8]
 
 For N in 8, 50, 100, 200, wrk keeps N keep-alive TLS connections busy (closed loop, one review per
 connection at a time) while this script holds N/4 more connections that complete the TLS handshake and
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=run_bench.REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="one round of 1 s per cell (smoke test)")
     args = parser.parse_args(argv)
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
