@@ -1,6 +1,8 @@
 """Production gunicorn settings for `gpu-stack-webhook serve`, built in code (no config file to mount).
 
-* gthread workers (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
+* gthread workers with the TLS handshake and the wait for a request on the poller (worker.py, issue 18),
+  one listening socket per worker (reuse_port: the kernel spreads connections over the workers)
+  (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
   --workers / --threads): the policy is CPU-light, threads cover concurrent apiserver connections.
 * keep-alive 100 s: longer than the apiserver's idle timeout for webhook connections (Go's 90 s
   IdleConnTimeout), so the client, not the server, closes idle connections and never races a close.
