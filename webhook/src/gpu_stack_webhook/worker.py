@@ -40,7 +40,7 @@ from typing import Any
 
 from gunicorn import http, util
 from gunicorn import sock as gunicorn_sock
-from gunicorn.workers.gthread import TConn, ThreadWorker
+from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
 # Seconds a new connection may take to complete its TLS handshake (a real client needs milliseconds).
 HANDSHAKE_TIMEOUT = 10.0
@@ -121,8 +121,14 @@ class PollingThreadWorker(ThreadWorker):  # type: ignore[misc]
         util.close(conn.sock)
 
     def murder_pending(self) -> None:
-        super().murder_pending()
         now = time.monotonic()
+        if not self.alive:
+            # Stopping: connections that never sent a request are not kept for their keep-alive timeout
+            # (gthread only caps the kept-alive ones), or a silent client would hold the pod's shutdown.
+            # Capping every entry at the same deadline keeps both deques sorted.
+            for conn in (*self.pending_conns, *self.handshaking):
+                conn.timeout = min(conn.timeout, now + STOP_KEEPALIVE_LINGER)
+        super().murder_pending()
         while self.handshaking and self.handshaking[0].timeout <= now:
             conn = self.handshaking.popleft()
             with contextlib.suppress(OSError, KeyError, ValueError):  # never registered, or closed
