@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
                         result = apiload.create_pods(cluster, tokens[namespace], namespace, creates, concurrency)
                         rows[name][concurrency].append(result)
                         print(f"  round {i + 1} {name:18} {result.line()}", flush=True)
-                        apiload.delete_pods(cluster, namespace)
         finally:
             ours.stop()
             bare.stop()

@@ -150,10 +150,6 @@ def create_pods(cluster: E2ECluster, token: str, namespace: str, total: int, con
     return asyncio.run(_create_pods(url, context, token, namespace, total, concurrency, timeout))
 
 
-def delete_pods(cluster: E2ECluster, namespace: str) -> None:
-    cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--wait=true", "--timeout=300s")
-
-
 class BareWebhook(e2elib.LiveWebhook):
     """bench/baseline_app.py (parse, allow) where LiveWebhook runs `gpu-stack-webhook serve`."""
 
