@@ -42,9 +42,14 @@ demo: $(STAMP) helm
 	$(PY) hack/demo.py
 
 # In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
-# baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root). Writes BENCHMARKS.md.
+# baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root), then many keep-alive
+# clients (bench/many_clients.py) and pod creates through the make-e2e API server
+# (bench/apiserver_load.py). Writes BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
+	$(PY) bench/many_clients.py --out BENCHMARKS.md
+	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then assets="$$(hack/envtest-assets.sh)" || exit 1; \
+	  export KUBEBUILDER_ASSETS="$$assets"; fi; $(PY) bench/apiserver_load.py --out BENCHMARKS.md
 
 # `kubectl gpu-stack inspect` at scale: 500 GPU nodes and 20,000 pods POSTed to a throwaway API server
 # (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min). Writes bench/inspect-scale.md
@@ -58,7 +63,8 @@ fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-17000} $(PY) -m pytest -n 2 tests/property -q
 
 # 10 minutes (SOAK_SECONDS) at half the measured capacity against `gpu-stack-webhook serve`: zero errors,
-# worker RSS growth under 5% (hack/soak.py).
+# worker RSS growth under 5%; then 200 keep-alive clients with silent connections beside them: zero
+# errors, no answer slower than 1 s (hack/soak.py).
 soak: $(STAMP)
 	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600}
 

@@ -44,12 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--workers", type=int)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--stock-gthread", action="store_true",
+                        help="gunicorn's own gthread worker and one shared listening socket (what served "
+                             "before issue 18), for before/after comparisons")
     args = parser.parse_args(argv)
     options = gunicorn_conf.ServeOptions.with_env_defaults(
         bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers, threads=args.threads
     )
     gunicorn_conf.prepare_metrics_dir()
     settings = {**gunicorn_conf.settings(options), "proc_name": "gpu-stack-baseline"}
+    if args.stock_gthread:
+        settings |= {"worker_class": "gthread", "reuse_port": False}
 
     class BaselineServer(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:

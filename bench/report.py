@@ -45,7 +45,8 @@ def render(results: dict[str, Any], command: str) -> str:
     w(f"* Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}")
     w(f"* Machine: {m['nproc']} CPUs (nproc), {m['cpu']}, {m['memory']}, Linux {m['kernel']}, {m['python']}, "
       f"{m['wrk']}; the load generator runs on the same machine.")
-    w(f"* Servers: `gpu-stack-webhook serve` (gunicorn gthread, {results['workers']} workers x "
+    w("* Servers: `gpu-stack-webhook serve` (gunicorn gthread with worker.PollingThreadWorker, "
+      f"{results['workers']} workers x "
       f"{results['threads']} threads, TLS 1.2+ with an ECDSA P-256 certificate from certs.py, keep-alive 100 s, "
       "JSON decision log to a file) and the allow-all baseline bench/baseline_app.py with the same gunicorn "
       "settings and certificate. "

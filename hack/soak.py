@@ -9,10 +9,14 @@
 3. warms up for --warmup seconds at half of it, then samples the RSS of every worker,
 4. runs wrk paced at that rate (bench/mix.lua keeps a fixed send schedule) for --seconds
    ($SOAK_SECONDS through make),
-5. samples the RSS again and prints the figures.
+5. samples the RSS again and prints the figures,
+6. many clients (issue 18): --many-clients (200) keep-alive TLS clients in closed loop for
+   --many-seconds, with N/4 handshaken-but-silent and N/4 never-TLS connections held open beside them
+   (bench/many_clients.SilentConnections: what Go's HTTP client leaves behind).
 
 Passes (exit 0) with zero errors (socket errors and non-2xx), the same worker processes at the end
-(none died and was replaced), and every worker's RSS growth under 5 %. Loopback only; every wrk run is
+(none died and was replaced), every worker's RSS growth under 5 %, and in the many-clients phase zero
+errors and no answer slower than 1 s. Loopback only; every wrk run is
 bounded by its duration.
 """
 
@@ -30,14 +34,37 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import bodies  # noqa: E402
+import many_clients  # noqa: E402
 from gpu_stack_webhook.certs import write_loopback_pki  # noqa: E402
-from run_bench import VENV_BIN, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
+from run_bench import VENV_BIN, Run, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
 
 MAX_RSS_GROWTH = 0.05
+MANY_MAX_MS = 1000.0
 
 
 def rss_kb(server: Server) -> dict[int, int]:
     return {pid: _status_kb(pid, "VmRSS") for pid in sorted(server.workers())}
+
+
+def run_many_clients(wrk: Wrk, server: Server, manifest: Path, clients: int,
+                     seconds: int) -> tuple[many_clients.SilentConnections, Run]:
+    silent = many_clients.SilentConnections(server.port, server.ca_file, clients // 4)
+    try:
+        return silent, wrk.run("many", server, manifest, seconds, clients)
+    finally:
+        silent.close()
+
+
+def many_clients_failures(clients: int, silent: many_clients.SilentConnections, many: Run) -> list[str]:
+    print(f"many clients: {clients} keep-alive + {2 * (clients // 4)} silent connections "
+          f"({silent.failed} not opened): {many.requests} reviews in {many.seconds:.0f}s ({many.rps:.0f}/s), "
+          f"{many.errors} errors, p99 {many.latency_us.get('p99', 0) / 1000:.1f} ms, "
+          f"max {many.latency_us.get('max', 0) / 1000:.1f} ms")
+    worst_ms = many.latency_us.get("max", 0) / 1000
+    if many.errors or silent.failed or worst_ms >= MANY_MAX_MS:
+        return [f"many clients: {many.errors} errors, {silent.failed} silent connections not opened, "
+                f"slowest answer {worst_ms:.0f} ms (limit {MANY_MAX_MS:.0f})"]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-seconds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rate", type=int, default=0, help="requests/s to hold (default: half the measured capacity)")
+    parser.add_argument("--many-clients", type=int, default=200)
+    parser.add_argument("--many-seconds", type=int, default=30)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wrk_binary = ensure_wrk()
@@ -78,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             soak = wrk.run("soak", server, manifest, args.seconds, args.connections, rate=rate)
             end_rss = rss_kb(server)
             elapsed = time.monotonic() - began
+            silent, many = run_many_clients(wrk, server, manifest, args.many_clients, args.many_seconds)
         finally:
             server.stop()
 
@@ -89,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for pid in sorted(start_rss):
         print(f"  worker {pid}: RSS {start_rss[pid]} kB -> {end_rss.get(pid, 0)} kB "
               f"({growth.get(pid, float('nan')):+.2%})")
-    failures = []
+    failures = many_clients_failures(args.many_clients, silent, many)
     if soak.errors or warm.errors:
         failures.append(f"{soak.errors + warm.errors} errors")
     if not same_workers:

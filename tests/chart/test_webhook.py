@@ -483,3 +483,21 @@ def test_notes() -> None:
 def test_notes_warn_about_a_single_fail_closed_replica() -> None:
     notes = _notes("--set", "webhook.replicas=1", "--set", "webhook.podDisruptionBudget.enabled=false")
     assert "WARNING: webhook.replicas is 1 with failurePolicy Fail" in notes
+
+
+def test_workers_threads_and_a_readiness_probe_inside_the_review_deadline() -> None:
+    """Issue 18: the serving size comes from values (env read by gunicorn_conf.ServeOptions), and the
+    readiness probe is an HTTPS request to the same workers with a 1 s timeout, shorter than the
+    apiserver's timeoutSeconds: a pod that cannot answer reviews leaves the Service."""
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["GPU_STACK_WEBHOOK_WORKERS"], env["GPU_STACK_WEBHOOK_THREADS"]) == ("2", "4")
+    probe = container["readinessProbe"]
+    assert "httpGet" in probe and "tcpSocket" not in probe
+    assert probe["timeoutSeconds"] == 1 and probe["failureThreshold"] == 2
+    hooks = _configs(objects())
+    assert all(probe["timeoutSeconds"] < hook["timeoutSeconds"] for hook in hooks)
+    resized = objects(**{"webhook.workers": 4, "webhook.threads": 2})
+    container = one(resized, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["GPU_STACK_WEBHOOK_WORKERS"], env["GPU_STACK_WEBHOOK_THREADS"]) == ("4", "2")

@@ -21,7 +21,7 @@ def test_every_setting_is_a_valid_gunicorn_setting() -> None:
     config = Config()
     for name, value in settings(options()).items():
         config.set(name, value)  # raises on an unknown name or an invalid value
-    assert config.worker_class_str == "gthread"
+    assert config.worker_class_str == "gpu_stack_webhook.worker.PollingThreadWorker"
     assert config.preload_app is True
     assert config.accesslog is None
     assert config.keepalive == gunicorn_conf.KEEPALIVE_SECONDS
@@ -30,6 +30,8 @@ def test_every_setting_is_a_valid_gunicorn_setting() -> None:
     assert config.graceful_timeout < 30  # inside the default terminationGracePeriodSeconds
     assert config.limit_request_fields == 50
     assert config.is_ssl
+    assert config.reuse_port is True  # one listening socket per worker: the kernel spreads connections
+    assert config.worker_class.__name__ == "PollingThreadWorker"
     assert config.control_socket_disable is True
 
 

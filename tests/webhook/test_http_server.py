@@ -277,7 +277,10 @@ def test_tls_1_1_is_refused(server: Server) -> None:
 def test_plain_http_is_not_answered_as_http(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
         raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = raw.recv(1024)
+        try:
+            data = raw.recv(1024)
+        except ConnectionResetError:  # the failed handshake closes the connection with data unread
+            data = b""
     assert not data.startswith(b"HTTP/1.1 200")
 
 

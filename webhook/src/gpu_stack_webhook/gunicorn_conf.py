@@ -1,6 +1,8 @@
 """Production gunicorn settings for `gpu-stack-webhook serve`, built in code (no config file to mount).
 
-* gthread workers (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
+* gthread workers with the TLS handshake and the wait for a request on the poller (worker.py, issue 18),
+  one listening socket per worker (reuse_port: the kernel spreads connections over the workers)
+  (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
   --workers / --threads): the policy is CPU-light, threads cover concurrent apiserver connections.
 * keep-alive 100 s: longer than the apiserver's idle timeout for webhook connections (Go's 90 s
   IdleConnTimeout), so the client, not the server, closes idle connections and never races a close.
@@ -33,6 +35,7 @@ from .envvars import env_number
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 WORKERS_ENV = "GPU_STACK_WEBHOOK_WORKERS"
 THREADS_ENV = "GPU_STACK_WEBHOOK_THREADS"
+WORKER_CLASS = "gpu_stack_webhook.worker.PollingThreadWorker"
 DEFAULT_WORKERS = 2
 DEFAULT_THREADS = 4
 KEEPALIVE_SECONDS = 100
@@ -161,7 +164,11 @@ def settings(options: ServeOptions) -> dict[str, Any]:
     """The gunicorn settings (names as in gunicorn's config)."""
     return {
         "bind": [options.bind],
-        "worker_class": "gthread",
+        # gthread with the TLS handshake and the wait for a request on its poller (worker.py).
+        "worker_class": WORKER_CLASS,
+        # One listening socket per worker (SO_REUSEPORT): the kernel spreads new connections over the
+        # workers, instead of whichever worker wakes first taking a whole burst of them.
+        "reuse_port": True,
         "workers": options.workers,
         "threads": options.threads,
         "keepalive": KEEPALIVE_SECONDS,

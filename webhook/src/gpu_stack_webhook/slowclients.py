@@ -1,5 +1,9 @@
 """A per-request deadline for gunicorn gthread workers, so slow clients cannot hold every thread.
 
+Since issue 18 the webhook's worker (worker.PollingThreadWorker) keeps handshakes and connections that
+have sent nothing on its poller, so what is left for this deadline is a client that sends part of a
+request and stops. The description below is of gunicorn's stock gthread worker.
+
 What gunicorn 27's gthread worker does by itself:
 * a new connection that sends nothing does not take a thread: the worker waits up to 5 s for its
   first byte (DEFAULT_WORKER_DATA_TIMEOUT) and then parks it on the poller until keepalive expires;
