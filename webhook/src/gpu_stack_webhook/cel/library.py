@@ -28,14 +28,15 @@ def _by_kind(pod: str, cron: str, template: str) -> str:
     return f"object.kind == 'Pod' ? {pod} : object.kind == 'CronJob' ? {cron} : {template}"
 
 
+# Kubernetes' CEL checker wants one value type per map or list literal: mixed entries are wrapped in dyn().
 def _container_entries(field: str, kind: str) -> str:
     spec = f"variables.podSpec.{field}"
     return (
         f"lists.range(size(variables.podSpec.?{field}.orValue([]))).map(i, "
-        f"{{'label': '{kind} \"' + {spec}[i].?name.orValue('#' + string(i)) + '\"', "
-        f"'path': variables.podPath + '.{field}[' + string(i) + ']', "
-        f"'pointer': '/' + variables.podPath.replace('.', '/') + '/{field}/' + string(i), "
-        f"'c': {spec}[i]}})"
+        f"{{'label': dyn('{kind} \"' + {spec}[i].?name.orValue('#' + string(i)) + '\"'), "
+        f"'path': dyn(variables.podPath + '.{field}[' + string(i) + ']'), "
+        f"'pointer': dyn('/' + variables.podPath.replace('.', '/') + '/{field}/' + string(i)), "
+        f"'c': dyn({spec}[i])}})"
     )
 
 
@@ -67,8 +68,8 @@ GPU_AMOUNTS: Variable = ("gpuAmounts", (
     "variables.containers.map(e, "
     "cel.bind(rq, e.c.?resources.?requests.orValue({}), cel.bind(lm, e.c.?resources.?limits.orValue({}), "
     f"(rq.map(r, r) + lm.filter(r, !(r in rq))).filter(r, {is_gpu('r')}).map(r, "
-    "{'e': e, 'r': r, 'hasReq': r in rq, 'hasLim': r in lm, "
-    "'req': r in rq ? string(rq[r]) : '', 'lim': r in lm ? string(lm[r]) : ''})))).flatten()"
+    "{'e': dyn(e), 'r': dyn(r), 'hasReq': dyn(r in rq), 'hasLim': dyn(r in lm), "
+    "'req': dyn(r in rq ? string(rq[r]) : ''), 'lim': dyn(r in lm ? string(lm[r]) : '')})))).flatten()"
 ))
 
 # The count a GPU amount gives its container (limit, else request), > 0 (rules.base.allocated_gpus).

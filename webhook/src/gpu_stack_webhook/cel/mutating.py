@@ -48,7 +48,7 @@ _FILL = (
     "variables.containers.filter(e, variables.gpuAmounts.exists(a, a.e.path == e.path && " + _FILLABLE + "))"
     ".map(e, " + _add_map(
         "has(e.c.resources.limits)", "e.pointer + '/resources/limits'",
-        f"variables.gpuAmounts.filter(a, a.e.path == e.path && {_FILLABLE}).map(a, [a.r, e.c.resources.requests[a.r]])",
+        f"variables.gpuAmounts.filter(a, a.e.path == e.path && {_FILLABLE}).map(a, [dyn(a.r), dyn(e.c.resources.requests[a.r])])",
     ) + ").flatten()"
 )
 FILL_LIMITS = CelMutation(gpu_limits.ID, gpu_limits.NAME, ("gpuNames", "gpuPrefixes"), (GPU_AMOUNTS,), _FILL)
@@ -111,7 +111,7 @@ _MPS_PATCH = (
     "(variables.optedIn ? " + _add_map(
         "has(variables.podSpec.nodeSelector)", "'/spec/nodeSelector'",
         "variables.mpsNodeSelector.filter(k, !(k in variables.podSpec.?nodeSelector.orValue({})))"
-        ".map(k, [k, variables.mpsNodeSelector[k]])") + " : [])"
+        ".map(k, [dyn(k), dyn(variables.mpsNodeSelector[k])])") + " : [])"
 )
 MPS_INJECTION = CelMutation(
     mps.ID, mps.NAME,

@@ -45,7 +45,7 @@ _ENV = (
 _SOURCE = ("(has(f.configMapRef) ? 'ConfigMap \"' + f.configMapRef.?name.orValue('') + '\"' : "
            "has(f.secretRef) ? 'Secret \"' + f.secretRef.?name.orValue('') + '\"' : 'a source')")
 _ENV_FROM = (
-    "variables.containers.map(e, lists.range(size(e.c.?envFrom.orValue([]))).map(j, [j, e.c.envFrom[j]])"
+    "variables.containers.map(e, lists.range(size(e.c.?envFrom.orValue([]))).map(j, [dyn(j), dyn(e.c.envFrom[j])])"
     f".filter(p, p[1].?prefix.orValue('') != '' && '{_VAR}'.startsWith(p[1].prefix)).map(p, cel.bind(f, p[1], "
     + _text("GPU002", f"e.label + ' imports ' + {_SOURCE} + ' with prefix \"' + f.prefix + '\", which can produce "
             f"{_VAR}; use a prefix that is not the start of {_VAR}'",
@@ -88,7 +88,7 @@ _UNDER_DEVICE_DIR = (
     + "))"
 )
 _MOUNTS = (
-    "variables.containers.map(e, lists.range(size(e.c.?volumeMounts.orValue([]))).map(j, [j, e.c.volumeMounts[j]])"
+    "variables.containers.map(e, lists.range(size(e.c.?volumeMounts.orValue([]))).map(j, [dyn(j), dyn(e.c.volumeMounts[j])])"
     f".filter(p, cel.bind(m, p[1], has(m.mountPath) && {_UNDER_DEVICE_DIR})).map(p, "
     + _text("GPU007", "e.label + ' mounts ' + p[1].mountPath + ', which the NVIDIA runtime reads as a GPU device "
             "list; mount it elsewhere'", "e.path + '.volumeMounts[' + string(p[0]) + ']'")
