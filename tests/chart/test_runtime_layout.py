@@ -8,6 +8,9 @@ Upstream facts relied on:
   ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS for the volume-mounts strategy.
 - nvidia-container-toolkit v1.20.0 internal/config/image/cuda_image.go: VisibleDevices reads volume-mount
   requests first when accepted, and the environment only when privileged or accepted unprivileged.
+- nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer/container/runtime/runtime.go: RUNTIME_ENABLE_CDI
+  (enable-cdi-in-runtime) defaults to the toolkit's CDI_ENABLED, so toolkit.cdi.enabled also turns on CDI in
+  containerd / CRI-O (the cdi layout needs nothing else from the chart).
 - k8s-device-plugin v0.20.0 api/config/v1/consts.go: strategies envvar, volume-mounts, cdi-annotations, cdi-cri.
 """
 
@@ -18,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .chartlib import find, overlays, render
+from .chartlib import find, overlays, render, run_helm, template_args
 
 
 def _env(objects: list[dict[str, Any]], component: str, container: str) -> dict[str, str]:
@@ -88,3 +91,25 @@ def test_bare_sharing_names_render_and_reach_the_webhook_as_written() -> None:
     objects = render(set_json={"sharing.configs": {"default": {"mps": {"resources": [
         {"name": "gpu", "replicas": 10}]}}}}).objects()
     assert _policy(objects)["sharing"]["configs"]["default"]["sharing"]["mps"]["resources"][0]["name"] == "gpu"
+
+
+def _notes(*extra: str) -> str:
+    result = run_helm(4, ["install", "--dry-run=client", *template_args()[1:], *extra])
+    assert result.ok, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_name_the_layout_and_warn_about_the_default_runtime() -> None:
+    assert "Runtime layout: runtime-class (GPU pods get runtimeClassName nvidia from the webhook)" in _notes()
+    notes = _notes("--set", "toolkit.setAsDefault=true")
+    assert "Runtime layout: default-runtime\nWARNING: nvidia is the default runtime on GPU nodes" in notes
+
+
+def test_the_helm_test_cuda_pod_names_the_runtime_class_itself() -> None:
+    # it may run in the (exempt) release namespace, where the webhook would not add it
+    pods = [p for p in find(render(namespace="default").objects(), "Pod")
+            if p["metadata"]["name"].endswith("test-cuda")]
+    assert pods and pods[0]["spec"]["runtimeClassName"] == "nvidia"
+    pods = [p for p in find(render(overlay="preinstalled-driver-toolkit.yaml").objects(), "Pod")
+            if p["metadata"]["name"].endswith("test-cuda")]
+    assert pods and "runtimeClassName" not in pods[0]["spec"]

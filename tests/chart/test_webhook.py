@@ -95,9 +95,11 @@ def test_default_policy_equals_webhook_defaults_except_namespace() -> None:
     """The chart's defaults are the webhook's built-in defaults (webhook/examples/policy.yaml)."""
     config = parse_config(policy_of(objects()))
     builtin = parse_config({})
-    assert config.model_dump(exclude={"exempt_namespaces", "sharing"}) == builtin.model_dump(
-        exclude={"exempt_namespaces", "sharing"})
+    differ = {"exempt_namespaces", "sharing", "inject_runtime_class_name"}
+    assert config.model_dump(exclude=differ) == builtin.model_dump(exclude=differ)
     assert config.exempt_namespaces == (NAMESPACE, "kube-system")
+    # the chart's runtime layout: nvidia is not the default runtime, so GPU pods get it from the webhook
+    assert config.inject_runtime_class_name == "nvidia" and builtin.inject_runtime_class_name == ""
 
 
 def test_rule_ids_in_schema_are_the_webhooks() -> None:
@@ -224,7 +226,8 @@ SELF_MANAGED_ROLE = [
 SELF_MANAGED_CLUSTER_RULE = {"apiGroups": ["admissionregistration.k8s.io"],
                              "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
                              "resourceNames": [WEBHOOK], "verbs": ["get", "patch"]}
-LOOKUP_CLUSTER_RULE = {"apiGroups": [""], "resources": ["configmaps", "namespaces"], "verbs": ["get"]}
+# nodes: a pod pinned with spec.nodeName is judged against its node's device plugin config label
+LOOKUP_CLUSTER_RULE = {"apiGroups": [""], "resources": ["configmaps", "namespaces", "nodes"], "verbs": ["get"]}
 RBAC_KINDS = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
@@ -328,7 +331,8 @@ def test_failure_policy_and_timeout_values() -> None:
 
 
 def test_namespace_selector_skips_exempt_and_opted_out_namespaces() -> None:
-    objs = objects(**{"webhook.policy.extraExemptNamespaces": ["monitoring"]})
+    objs = objects(**{"webhook.policy.extraExemptNamespaces": ["monitoring"],
+                      "webhook.namespaceOptOutLabel": "gpu-stack.io/webhook"})
     for hook in _configs(objs):
         assert hook["namespaceSelector"] == {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn",

@@ -72,7 +72,8 @@ def test_capability_spellings_are_judged_by_what_the_runtime_reads(entry: tuple[
                                                                     field: str) -> None:
     counting.tick()
     spelling, grants = entry
-    side: dict[str, Any] = {"name": "side", "image": "busybox", "securityContext": {"capabilities": {"add": [spelling]}}}
+    side: dict[str, Any] = {"name": "side", "image": "busybox",
+                            "securityContext": {"capabilities": {"add": [spelling]}}}
     if own_gpu:
         side["resources"] = {"requests": {GPU: 1}, "limits": {GPU: 1}}
     pod = _pod(_gpu_main(), **({"initContainers": [side]} if field == "initContainers" else {}))

@@ -16,7 +16,8 @@ EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 
 
 def test_defaults() -> None:
-    # no config at all: every rule on, gpu, gpu.shared and mig-* GPUs, chart + kube-system exempt, one exclusive default config
+    # no config at all: every rule on, gpu, gpu.shared and mig-* GPUs, chart + kube-system exempt,
+    # one exclusive default config
     config = parse_config(None)
     assert config == PolicyConfig() == parse_config({})
     assert config.gpu_resources.prefixes == ("nvidia.com/mig-",)

@@ -9,6 +9,10 @@ Upstream facts these cases rely on (each is the reason for an expectation below)
   image's NVIDIA_VISIBLE_DEVICES when `isPrivileged || acceptEnvvarUnprivileged`; a "legacy" image
   (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) defaults to "all"; device-list mounts and CDI
   annotations are read first, so the device plugin's list for a container wins over the image env.
+- How runtimes read capability names (why every spelling counts): containerd's CRI plugin
+  (WithCapabilities) matches ALL case-insensitively and adds "CAP_" + strings.ToUpper(name) for the
+  rest; CRI-O also takes names already prefixed with CAP_. Surrounding blanks are ignored by the rule
+  to stay on the safe side.
 - k8s-device-plugin v0.20.0 internal/plugin/server.go getAllocateResponse: volume-mounts also sets
   NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices; with only CDI strategies nothing of the
   sort is set (so cdi-cri alone does not override the image env).
@@ -374,3 +378,18 @@ def test_above_the_limit_is_a_real_413(server: Server) -> None:
         client.close()
     assert status == 413
     assert payload == {"error": f"request body is larger than {limit} bytes"}
+
+
+def test_node_name_of_an_unknown_node_falls_back_to_every_config() -> None:
+    fake = _fake()
+    policy = Policy(_policy(), facts=ApiFacts(fake))
+    decision = policy.review(parse_review(review(_pinned("no-such-node"))), Endpoint.VALIDATE)
+    assert decision.allowed is True and any("GPU004" in w for w in decision.warnings)
+    assert ("read_node", ("no-such-node",)) in fake.calls
+
+
+def test_node_without_the_label_uses_the_default_config() -> None:
+    policy = Policy(make_config({**POLICY, "sharing": {**POLICY["sharing"], "defaultConfig": "mps-bare"}}),
+                    facts=ApiFacts(_fake()))
+    decision = policy.review(parse_review(review(_pinned("plain-node"))), Endpoint.VALIDATE)
+    assert decision.allowed is False and "mps-bare" in decision.message

@@ -140,7 +140,7 @@ class ApiFacts:
     def node_label(self, node: str, label: str) -> Fact[str]:
         labels = self._cached(("node", node), "nodes", lambda: self.api.read_node(node))
         if not labels.known:
-            return labels  # type: ignore[return-value]
+            return labels
         if labels.value is None:
             return Fact(note=f"node {node} not found")
         value = labels.value.get(label)

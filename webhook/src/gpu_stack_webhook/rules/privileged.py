@@ -1,4 +1,4 @@
-"""GPU003 no-privileged-gpu-containers: no container the NVIDIA runtime treats as privileged in a GPU pod, unless it has its own GPU.
+"""GPU003 no-privileged-gpu-containers: no privileged or CAP_SYS_ADMIN container in a GPU pod (SYS_ADMIN: own GPU ok).
 
 Scope, exactly (what a CEL port must reproduce):
 
