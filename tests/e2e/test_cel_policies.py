@@ -112,9 +112,11 @@ def test_cel_mutations_fill_the_limit_and_inject_mps(cluster: E2ECluster, releas
     request_only = yaml.safe_load((DEMO / "13-gpu-request-only.yaml").read_text())
     _apply(cluster, namespace, request_only).check_returncode()
     stored = cluster.get_json("pod", request_only["metadata"]["name"], "-n", namespace)
-    container = stored["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # mps-x10 shares nvidia.com/gpu through MPS on every node: the pod is an MPS pod.
+    assert stored["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "hostIPC" not in stored["spec"]  # it could land on the exclusive "default" config: not an MPS pod
+    mps_pod = yaml.safe_load((DEMO / "03-nvidia-mps-pod.yaml").read_text())  # selects the mps-x10 config
+    _apply(cluster, namespace, mps_pod).check_returncode()
+    stored = cluster.get_json("pod", mps_pod["metadata"]["name"], "-n", namespace)
     assert stored["spec"]["hostIPC"] is True
     assert {"key": "gpu-stack.io/mps", "operator": "Exists", "effect": "NoSchedule"} in stored["spec"]["tolerations"]
     opt_in = yaml.safe_load((DEMO / "15-mps-opt-in-annotation.yaml").read_text())
@@ -128,8 +130,15 @@ def test_both_mode_gives_the_same_verdicts_from_policies_and_webhook(cluster: E2
                                                                     live_webhook: Any) -> None:
     release, _ = releases.install(set_json={"webhook.validation.mode": "both"})
     namespace = cluster.create_namespace()
-    live_webhook(release, probe_namespace=namespace)
+    live_webhook(release)
     _wait_enforced(cluster, namespace)
+    # The webhook is called once a requests-only GPU pod passes: its /mutate fills the limit that the
+    # API server's validation would otherwise miss.
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", check=False, input=json.dumps(
+            _pod("probe", {"resources": {"requests": {"nvidia.com/gpu": 1}}}))).returncode:
+        assert time.monotonic() < deadline, "the API server does not call the live webhook"
+        time.sleep(0.5)
     # The policies answer first (ValidatingAdmissionPolicy runs before the validating webhooks) ...
     for case, (manifest, message) in BAD.items():
         proc = _apply(cluster, namespace, {**manifest, "metadata": {**manifest["metadata"], "name": f"{case}-1"}})
@@ -137,6 +146,11 @@ def test_both_mode_gives_the_same_verdicts_from_policies_and_webhook(cluster: E2
         assert message in proc.stderr, (case, proc.stderr)
     # ... and without their bindings the webhook refuses the same manifests with the same messages.
     cluster.kubectl("delete", "validatingadmissionpolicybinding", "-l", release.selector)
+    deadline = time.monotonic() + 60
+    while "ValidatingAdmissionPolicy" in cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                                                         input=json.dumps(_pod("probe", ENV)), check=False).stderr:
+        assert time.monotonic() < deadline, "the policy bindings are still enforced"
+        time.sleep(0.5)
     for case, (manifest, message) in BAD.items():
         proc = _apply(cluster, namespace, {**manifest, "metadata": {**manifest["metadata"], "name": f"{case}-2"}})
         assert proc.returncode == 1, (case, proc.stdout)

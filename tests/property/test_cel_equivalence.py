@@ -8,12 +8,14 @@
   early denials, GPU006's conflicts), CEL cannot deny: the API server's own validation refuses a
   GPU001 case, and the test says which GPU006 cases stay webhook-only.
 
-`make test` runs 100 derandomized cases per property, `make fuzz` FUZZ_EXAMPLES (>= 10,000) each.
+`make test` runs 100 derandomized cases per property; `make fuzz` CEL_FUZZ_EXAMPLES (default 10,000)
+pods through validation and mutation, and a fifth of that as UPDATEs.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections import Counter
 from functools import cache
 from typing import Any
@@ -22,14 +24,19 @@ import jsonpatch
 from gpu_stack_webhook.cel import mutating, runtime, validating
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.engine import Policy
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import counting
+from .conftest import PROFILE
 from .strategies import API, pods, wrap
 from .test_properties import CONFIGS, _config
 from .test_side_door_properties import capability_spellings
 
+# make fuzz: CEL_FUZZ_EXAMPLES pods (default 10,000) for CREATE, a fifth of that for UPDATE (two pods each).
+_FUZZ_COUNT = int(os.environ.get("CEL_FUZZ_EXAMPLES", "10000"))
+FUZZ = settings(max_examples=_FUZZ_COUNT) if PROFILE == "fuzz" else settings()
+UPDATE_FUZZ = settings(max_examples=max(_FUZZ_COUNT // 5, 100)) if PROFILE == "fuzz" else settings()
 CEL_RULES = frozenset(p.rule_id for p in validating.POLICIES)
 config_names = st.sampled_from(sorted(CONFIGS))
 
@@ -75,13 +82,17 @@ def cel_denials(config: str, obj: dict[str, Any], old: dict[str, Any] | None = N
     return found
 
 
+@FUZZ
 @given(pod=gpu_pods(), kind=st.sampled_from(tuple(API)), config=config_names)
-def test_cel_validation_matches_the_python_rules(pod: dict[str, Any], kind: str, config: str) -> None:
+def test_cel_policies_decide_and_mutate_like_the_webhook(pod: dict[str, Any], kind: str, config: str) -> None:
+    """One generated pod, both properties: validation (as `kind`) and mutation (as a Pod)."""
     counting.tick()
     obj = wrap(pod, kind)
     assert cel_denials(config, obj) == python_denials(config, obj)
+    check_mutation(config, pod)
 
 
+@UPDATE_FUZZ
 @given(pod=gpu_pods(), before=gpu_pods(), kind=st.sampled_from(tuple(API)), config=config_names)
 def test_cel_validation_on_update_counts_only_new_violations(pod: dict[str, Any], before: dict[str, Any],
                                                              kind: str, config: str) -> None:
@@ -99,9 +110,7 @@ def cel_mutated(config: str, pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-@given(pod=gpu_pods(), config=config_names)
-def test_cel_mutation_gives_the_pod_the_webhook_patch_gives(pod: dict[str, Any], config: str) -> None:
-    counting.tick()
+def check_mutation(config: str, pod: dict[str, Any]) -> None:
     evaluation = _policy(config).evaluate(pod, "Pod", can_patch=True)
     early = [f for f in evaluation.denials if f.deny_early]
     mutated = cel_mutated(config, pod)
