@@ -141,5 +141,5 @@ def violations(policy: Any, config: Mapping[str, Any], obj: Mapping[str, Any],
 def mutate(policy: Any, config: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """One mutating policy applied to a Pod being created: (the patched pod, the JSONPatch ops)."""
     bound = bind_variables(policy_variables(policy), config, pod)
-    ops = evaluate(policy.patch, pod, bound)
+    ops = [{"op": op["op"], "path": op["path"], "value": op["value"]} for op in evaluate(policy.patch, pod, bound)]
     return jsonpatch.apply_patch(pod, ops), ops
