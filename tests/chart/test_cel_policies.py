@@ -32,7 +32,8 @@ def test_generated_policy_file_is_current() -> None:
 @pytest.mark.parametrize("overlay", overlays())
 def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None:
     """The chart computes the policies' config variables from the same policy the webhook reads."""
-    objects = render(4, overlay, {**SERVED, "webhook.validation.mode": "both", "webhook.mutation.mode": "cel"}).objects()
+    settings = {**SERVED, "webhook.validation.mode": "both", "webhook.mutation.mode": "cel"}
+    objects = render(4, overlay, settings).objects()
     policy = yaml.safe_load(one(objects, "ConfigMap", f"{FULLNAME}-webhook-policy")["data"]["policy.yaml"])
     expected = config_values(parse_config(policy))
     policies = find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")

@@ -48,7 +48,8 @@ _FILL = (
     "variables.containers.filter(e, variables.gpuAmounts.exists(a, a.e.path == e.path && " + _FILLABLE + "))"
     ".map(e, " + _add_map(
         "has(e.c.resources.limits)", "e.pointer + '/resources/limits'",
-        f"variables.gpuAmounts.filter(a, a.e.path == e.path && {_FILLABLE}).map(a, [dyn(a.r), dyn(e.c.resources.requests[a.r])])",
+        f"variables.gpuAmounts.filter(a, a.e.path == e.path && {_FILLABLE})"
+        ".map(a, [dyn(a.r), dyn(e.c.resources.requests[a.r])])",
     ) + ").flatten()"
 )
 FILL_LIMITS = CelMutation(gpu_limits.ID, gpu_limits.NAME, ("gpuNames", "gpuPrefixes"), (GPU_AMOUNTS,), _FILL)
@@ -58,8 +59,8 @@ RUNTIME_CLASS = CelMutation(
     runtime_class.ID, runtime_class.NAME, ("gpuNames", "gpuPrefixes", "injectRuntimeClassName"),
     (GPU_AMOUNTS, ALLOCATED),
     "variables.injectRuntimeClassName != '' && variables.podSpec.?runtimeClassName.orValue('') == '' && "
-    f"size(variables.allocatedPaths) > 0 ? [{patch_op(repr('/spec/runtimeClassName'), 'variables.injectRuntimeClassName')}]"
-    " : []",
+    "size(variables.allocatedPaths) > 0 ? "
+    f"[{patch_op(repr('/spec/runtimeClassName'), 'variables.injectRuntimeClassName')}] : []",
 )
 
 # --- GPU006: MPS ---------------------------------------------------------------------------------------

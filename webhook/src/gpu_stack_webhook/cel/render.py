@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import yaml

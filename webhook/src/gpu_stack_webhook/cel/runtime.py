@@ -75,8 +75,8 @@ KUBERNETES_LIBRARY = (
     _overload("compareTo", _T.INT, [_T.STRING, _T.STRING], _compare, True),
     _overload("lists.range", _LIST, [_T.INT], lambda n: list(range(n)), False),
     _overload("flatten", _LIST, [_LIST], lambda items: [x for sub in items for x in sub], True),
-    _overload("sum", _T.DYN, [_LIST], lambda items: sum(items), True),
-    _overload("min", _T.DYN, [_LIST], lambda items: min(items), True),
+    _overload("sum", _T.DYN, [_LIST], sum, True),
+    _overload("min", _T.DYN, [_LIST], min, True),
     _overload("jsonpatch.escapeKey", _T.STRING, [_T.STRING], _escape_key, False),
 )
 

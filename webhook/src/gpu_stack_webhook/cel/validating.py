@@ -88,7 +88,8 @@ _UNDER_DEVICE_DIR = (
     + "))"
 )
 _MOUNTS = (
-    "variables.containers.map(e, lists.range(size(e.c.?volumeMounts.orValue([]))).map(j, [dyn(j), dyn(e.c.volumeMounts[j])])"
+    "variables.containers.map(e, lists.range(size(e.c.?volumeMounts.orValue([])))"
+    ".map(j, [dyn(j), dyn(e.c.volumeMounts[j])])"
     f".filter(p, cel.bind(m, p[1], has(m.mountPath) && {_UNDER_DEVICE_DIR})).map(p, "
     + _text("GPU007", "e.label + ' mounts ' + p[1].mountPath + ', which the NVIDIA runtime reads as a GPU device "
             "list; mount it elsewhere'", "e.path + '.volumeMounts[' + string(p[0]) + ']'")
