@@ -95,6 +95,9 @@ FAIL_CASES: list[Any] = [
     pytest.param({"migManager.enabled": True}, "gpu-stack",
                  "gpu-stack: migManager.enabled=true but every sharing config has migStrategy none",
                  id="mig-manager-without-mig-strategy"),
+    pytest.param({"nfd.installCRDs": True}, "gpu-stack",
+                 "gpu-stack: nfd.installCRDs was removed: the NFD CRDs are now in the chart's crds/ directory",
+                 id="removed-nfd-install-crds"),
 ]
 
 
@@ -139,7 +142,10 @@ def test_fail_messages_start_with_gpu_stack() -> None:
 
 
 def test_every_fail_check_has_a_triggering_case() -> None:
-    expected = [p.values[2] for p in FAIL_CASES]
+    # The cluster-prerequisite checks fire only when Helm talks to a cluster: make e2e triggers them.
+    from e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
+
+    expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES]
     uncovered = []
     for path, message in _fail_messages():
         static = re.split(r"%[-+# 0-9.]*[a-zA-Z]", message, maxsplit=1)[0]
