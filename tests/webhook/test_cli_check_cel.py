@@ -29,7 +29,8 @@ def test_bad_manifests_are_denied_as_the_api_server_prints_a_policy_denial(capsy
 @pytest.mark.parametrize(("manifest", "outcome", "rule"), [
     ("01-nvidia-cuda-vectoradd.yaml", "allowed", ""),
     ("11-bad-privileged-gpu.yaml", "denied", "gpu-stack-gpu003"),
-    ("12-bad-deployment-template.yaml", "denied", "gpu-stack-gpu001"),
+    ("12-bad-deployment-template.yaml", "denied", "gpu-stack-gpu002"),
+    ("14-gpu-request-limit-mismatch.yaml", "denied", "gpu-stack-gpu001"),
     ("13-gpu-request-only.yaml", "patched", ""),
     ("16-bypass-cdi-and-device-mount.yaml", "denied", "gpu-stack-gpu007"),
     ("17-bad-sys-admin-sidecar.yaml", "denied", "gpu-stack-gpu003"),

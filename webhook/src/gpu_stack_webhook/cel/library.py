@@ -145,8 +145,6 @@ def _call_args(expr: str, pos: int) -> tuple[list[str], int]:
     for i in range(pos, len(expr)):
         ch = expr[i]
         if quote:
-            if ch == "\\":
-                continue
             if ch == quote and expr[i - 1] != "\\":
                 quote = ""
         elif ch in "'\"":

@@ -108,13 +108,14 @@ def evaluate(expression: str, obj: Mapping[str, Any] | None, variables: Mapping[
              old: Mapping[str, Any] | None = None) -> Any:
     try:
         result = _compiled(expression).eval(data={"object": obj, "oldObject": old, "variables": dict(variables)})
+        failed = result.type() == _T.ERROR  # cel-cpp returns an evaluation error as a value
         value = result.plain_value()
     except CelError:
         raise
     except Exception as error:
         raise CelError(f"{expression[:60]}...: {error}") from None
-    if isinstance(value, str) and value.startswith(("no such", "No such")):
-        raise CelError(value)
+    if failed:
+        raise CelError(f"{expression[:60]}...: {value}")
     return value
 
 
@@ -123,8 +124,8 @@ def bind_variables(variables: Sequence[Variable], config: Mapping[str, Any], obj
     """Evaluate a policy's variables in order (config variables are JSON literals, as the chart renders)."""
     bound: dict[str, Any] = {}
     for name, expression in variables:
-        if old is None and name != "violations" and "oldObject" in expression:
-            continue  # the API server evaluates variables lazily: these are only read on UPDATE
+        if old is None and name.startswith("old"):
+            continue  # render.py's copies on oldObject; the API server evaluates them lazily, on UPDATE only
         if name in config:
             bound[name] = evaluate(json.dumps(config[name]), obj, bound, old)
         else:
