@@ -33,7 +33,8 @@ def test_lookups_read_configmaps_and_pod_security(cluster: E2ECluster, releases:
     assert allowed.stdout == "pod/imports-plain-env created\n"
 
     baseline = cluster.create_namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
-    mps = cluster.kubectl("create", "-n", baseline, "-f", "-", check=False, input=pod("mps-in-baseline", {"gpu-stack.io/mps": "true"}))
+    opt_in = pod("mps-in-baseline", {"gpu-stack.io/mps": "true"})
+    mps = cluster.kubectl("create", "-n", baseline, "-f", "-", check=False, input=opt_in)
     assert mps.returncode == 1, hook.log()[-3000:]
     assert 'Pod Security "baseline" enforced in namespace ' + baseline in mps.stderr, mps.stderr
     assert "pod-security.kubernetes.io/enforce=" in mps.stderr
