@@ -69,9 +69,11 @@ def test_demo_manifest_verdict(stack: Stack, manifest: str) -> None:
         assert "Error" not in proc.stderr
     else:
         assert proc.returncode == 1, proc.stdout + proc.stderr
+        # The mutating pass's warnings (e.g. GPU008's runtime class) are printed before the denial.
+        error = "".join(line for line in proc.stderr.splitlines(keepends=True) if not line.startswith("Warning: "))
         assert re.match(rf'Error from server \(Forbidden\): error when creating "{re.escape(manifest)}": admission '
                         r'webhook "(mutate|validate)\.gpu-stack\.io" denied the request: '
-                        r"(GPU\d{3} |\d GPU policy violations: \[1\] GPU\d{3} )", proc.stderr), \
+                        r"(GPU\d{3} |\d GPU policy violations: \[1\] GPU\d{3} )", error), \
             proc.stderr
         assert rule in proc.stderr
         assert proc.stdout == ""
