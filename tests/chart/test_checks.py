@@ -36,6 +36,13 @@ FAIL_CASES: list[Any] = [
                  id="webhook-test-namespace-exempt"),
     pytest.param({"webhook.helmTests.namespace": "ml", "webhook.policy.extraExemptNamespaces": ["ml"]}, "gpu-stack",
                  'gpu-stack: webhook.helmTests.namespace "ml" is exempt from the webhook', id="webhook-test-ns-extra"),
+    # helm template sees no cluster: the CEL modes need the kinds served (or --api-versions / assumeServed)
+    pytest.param({"webhook.validation.mode": "cel"}, "gpu-stack",
+                 "gpu-stack: webhook.validation.mode is cel, but the API server does not serve "
+                 "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy", id="webhook-cel-validation-not-served"),
+    pytest.param({"webhook.mutation.mode": "cel"}, "gpu-stack",
+                 "gpu-stack: webhook.mutation.mode is cel, but the API server does not serve "
+                 "admissionregistration.k8s.io/v1 MutatingAdmissionPolicy", id="webhook-cel-mutation-not-served"),
     # ---- GPU-side checks ----
     pytest.param({"sharing.defaultConfig": "missing"}, "gpu-stack",
                  'gpu-stack: sharing.defaultConfig "missing" names no config in sharing.configs (default)',

@@ -41,6 +41,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "migManager": {"migManager": {"enabled": True}, "sharing": {"configs": {"default": {"migStrategy": "single"}}}},
     "dcgmExporter.serviceMonitor": {"dcgmExporter": {"serviceMonitor": {"enabled": True}}},
     "webhook.networkPolicy.from": {"webhook": {"networkPolicy": {"enabled": True}}},
+    "webhook.validation.celActions": {"webhook": {"validation": {"mode": "both"}, "cel": {"assumeServed": True}}},
+    "webhook.cel.assumeServed": {"webhook": {"validation": {"mode": "both"}, "cel": {"assumeServed": True}}},
     "mpsControlDaemon": {"sharing": {"configs": {"mps-x4": {"mps": {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
     "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},

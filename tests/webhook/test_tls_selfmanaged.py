@@ -383,3 +383,19 @@ def test_missing_permissions_are_named(tmp_path: Path) -> None:
 def test_settings_refuse_a_renewal_window_longer_than_the_lifetime(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="renewed before it expires"):
         settings(tmp_path, cert_validity=10 * DAY, cert_renew_before=30 * DAY)
+
+
+# --- one webhook configuration (the other half as CEL policies) --------------------------------------------
+
+
+def test_with_validation_in_cel_only_the_mutating_configuration_is_patched_and_owns_the_secret(tmp_path: Path) -> None:
+    """webhook.validation.mode=cel renders no ValidatingWebhookConfiguration: the replica is ready with the
+    mutating one alone, which then owns the Secret."""
+    fake = FakeKube()
+    fake.add_webhook_configuration(MUTATING, CONFIG, ["mutate.gpu-stack.io"])
+    s = Settings(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=CONFIG,
+                 validating_configuration="", cert_dir=tmp_path / "tls")
+    status = TlsManager(fake, s).reconcile()
+    assert status.ready
+    assert stored(fake).owner_references[0]["kind"] == MUTATING
+    assert set(fake.configs[(MUTATING, CONFIG)].ca_bundles.values()) == {stored(fake).data[CA_CRT]}

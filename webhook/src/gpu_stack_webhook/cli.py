@@ -184,6 +184,17 @@ def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace:
     return result
 
 
+def check_object_cel(config: PolicyConfig, obj: Mapping[str, Any], source: str, namespace: str) -> CheckResult:
+    """The chart's CEL admission policies instead of the webhook (cel/check.py)."""
+    from .cel.check import evaluate_object  # noqa: PLC0415 - the CEL runtime loads only for --engine cel
+
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    outcome = evaluate_object(config, obj, source, str(meta.get("namespace") or namespace))
+    return CheckResult(source=source, ref=_ref(obj), outcome=outcome.outcome, detail=outcome.detail,
+                       errors=outcome.errors, patch=outcome.patch)
+
+
 def _yaml_files(path_arg: str) -> Iterator[Path]:
     path = Path(path_arg)
     if path.is_dir():
@@ -240,7 +251,8 @@ def check(args: argparse.Namespace) -> int:
                           "(no apiVersion and kind)", file=sys.stderr)
                     continue
                 seen += 1
-                result = check_object(policy, obj, source, args.namespace)
+                result = (check_object_cel(policy.config, obj, source, args.namespace) if args.engine == "cel"
+                          else check_object(policy, obj, source, args.namespace))
                 denied = denied or result.outcome == "denied"
                 print("\n".join(result.lines()))
     if not seen and not unreadable:
@@ -281,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
     chk.add_argument("-n", "--namespace", default="default",
                      help="namespace for objects that name none (default %(default)s)")
+    chk.add_argument("--engine", choices=["webhook", "cel"], default="webhook",
+                     help="webhook: the webhook's mutating and validating passes (default); cel: the chart's "
+                          "CEL admission policies (webhook.validation.mode/mutation.mode cel), as the API "
+                          "server evaluates them")
     chk.set_defaults(func=check)
 
     ins = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what (also: "

@@ -98,15 +98,15 @@ class Prepared:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     missing = [flag for flag, value in (
-        ("--tls-secret", args.tls_secret), ("--service", args.service),
-        ("--mutating-webhook-configuration", args.mutating_webhook_configuration),
-        ("--validating-webhook-configuration", args.validating_webhook_configuration)) if not value]
+        ("--tls-secret", args.tls_secret), ("--service", args.service)) if not value]
+    if not (args.mutating_webhook_configuration or args.validating_webhook_configuration):
+        missing.append("--mutating-webhook-configuration or --validating-webhook-configuration")
     if missing:
         raise ValueError(f"--tls-mode self-managed needs {', '.join(missing)}")
     return Settings(
         namespace=_namespace(args), secret_name=args.tls_secret, service_name=args.service,
-        mutating_configuration=args.mutating_webhook_configuration,
-        validating_configuration=args.validating_webhook_configuration,
+        mutating_configuration=args.mutating_webhook_configuration or "",
+        validating_configuration=args.validating_webhook_configuration or "",
         cert_dir=Path(args.cert_dir), cert_validity=args.cert_validity, cert_renew_before=args.cert_renew_before,
         ca_validity=args.ca_validity, ca_renew_before=args.ca_renew_before, ca_overlap=args.ca_overlap,
     )

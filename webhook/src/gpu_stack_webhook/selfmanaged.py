@@ -112,7 +112,9 @@ class Settings:
 
     @property
     def configurations(self) -> tuple[tuple[str, str], ...]:
-        return ((MUTATING, self.mutating_configuration), (VALIDATING, self.validating_configuration))
+        # One of them is "" when the chart renders that half as CEL policies (webhook.*.mode=cel).
+        return tuple((kind, name) for kind, name in ((MUTATING, self.mutating_configuration),
+                                                     (VALIDATING, self.validating_configuration)) if name)
 
 
 # --- parsing and planning (pure) ------------------------------------------------------------------------
@@ -401,10 +403,12 @@ class TlsManager:
         return f"Secret {self.settings.namespace}/{self.settings.secret_name}"
 
     def _owner(self) -> tuple[dict[str, str], ...]:
-        vwc = self.api.read_webhook_configuration(VALIDATING, self.settings.validating_configuration)
-        if vwc is None or not vwc.uid:
+        """The ValidatingWebhookConfiguration, else (validation in CEL) the mutating one."""
+        kind, name = self.settings.configurations[-1]
+        config = self.api.read_webhook_configuration(kind, name)
+        if config is None or not config.uid:
             return ()
-        return ({"apiVersion": ADMISSION_API_VERSION, "kind": VALIDATING, "name": vwc.name, "uid": vwc.uid},)
+        return ({"apiVersion": ADMISSION_API_VERSION, "kind": kind, "name": config.name, "uid": config.uid},)
 
     def _published(self) -> frozenset[bytes]:
         """CA fingerprints present in the caBundle of every webhook of both configurations."""

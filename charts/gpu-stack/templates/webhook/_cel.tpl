@@ -1,0 +1,107 @@
+{{/*
+The CEL admission policies (webhook.validation.mode cel|both, webhook.mutation.mode cel). Their
+expressions are generated from the Python rules into files/cel-policies.yaml (do not edit it: run
+`python -m gpu_stack_webhook.cel.render`); what depends on the values is passed in as config variables,
+computed here from the webhook's own policy (gpu-stack.webhook.policy) exactly as
+gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_policies.py compares).
+*/}}
+
+{{/* "true" when a webhook process runs: webhook on, and at least one of the two modes is `webhook`/`both`. */}}
+{{- define "gpu-stack.webhook.process" -}}
+{{- $w := .Values.webhook }}
+{{- if and $w.enabled (or (ne $w.validation.mode "cel") (ne $w.mutation.mode "cel")) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the validating webhook is registered (mode webhook or both). */}}
+{{- define "gpu-stack.webhook.validates" -}}
+{{- if and .Values.webhook.enabled (ne .Values.webhook.validation.mode "cel") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the mutating webhook is registered (mutation mode webhook). */}}
+{{- define "gpu-stack.webhook.mutates" -}}
+{{- if and .Values.webhook.enabled (eq .Values.webhook.mutation.mode "webhook") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the API server serves `kind` (ValidatingAdmissionPolicy, MutatingAdmissionPolicy) in v1. */}}
+{{- define "gpu-stack.cel.served" -}}
+{{- $root := .root }}
+{{- if or $root.Values.webhook.cel.assumeServed ($root.Capabilities.APIVersions.Has (printf "admissionregistration.k8s.io/v1/%s" .kind)) }}true{{ end }}
+{{- end }}
+
+{{/* The config variables as a YAML map name -> value (gpu_stack_webhook.cel.library.config_values). */}}
+{{- define "gpu-stack.cel.configValues" -}}
+{{- $policy := include "gpu-stack.webhook.policy" . | fromYaml }}
+{{- $sharing := $policy.sharing }}
+{{- $gpuNames := $policy.gpuResources.names }}
+{{- $exposed := dict }}
+{{- $replaced := dict }}
+{{- $overriding := list }}
+{{- $mixed := list }}
+{{- $mps := list }}
+{{- range $name, $cfg := $sharing.configs }}
+{{- $mig := $cfg.flags.migStrategy | default "none" }}
+{{- $strategies := $cfg.flags.plugin.deviceListStrategy | default "envvar" }}
+{{- if kindIs "string" $strategies }}{{ $strategies = list $strategies }}{{ end }}
+{{- range $s := list "envvar" "volume-mounts" "cdi-annotations" }}
+{{- if has $s $strategies }}{{ $overriding = append $overriding $name }}{{ end }}
+{{- end }}
+{{- if eq $mig "mixed" }}{{ $mixed = append $mixed $name }}{{ end }}
+{{- $out := dict "nvidia.com/gpu" "exclusive" }}
+{{- $gone := list }}
+{{- $section := dict }}
+{{- $strategy := "" }}
+{{- $sh := $cfg.sharing | default dict }}
+{{- if and $sh.mps $sh.mps.resources }}{{ $section = $sh.mps }}{{ $strategy = "mps" }}
+{{- else if $sh.timeSlicing }}{{ $section = $sh.timeSlicing }}{{ $strategy = "time-slicing" }}{{ end }}
+{{- range $mode := list "timeSlicing" "mps" }}
+{{- range $r := (get $sh $mode | default dict).resources | default list }}
+{{- $base := ternary $r.name (printf "nvidia.com/%s" $r.name) (hasPrefix "nvidia.com/" $r.name) }}
+{{- $gpuNames = concat $gpuNames (list $base (printf "%s.shared" $base)) }}
+{{- with $r.rename }}{{ $gpuNames = append $gpuNames (ternary . (printf "nvidia.com/%s" .) (hasPrefix "nvidia.com/" .)) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- range $r := $section.resources | default list }}
+{{- $base := ternary $r.name (printf "nvidia.com/%s" $r.name) (hasPrefix "nvidia.com/" $r.name) }}
+{{- if or (eq $base "nvidia.com/gpu") (and (eq $mig "mixed") (hasPrefix "nvidia.com/mig-" $base)) }}
+{{- $_ := unset $out $base }}
+{{- $shared := ternary (printf "%s.shared" $base) $base (default false $section.renameByDefault) }}
+{{- if ne $shared $base }}{{ $gone = append $gone $base }}{{ end }}
+{{- $_ := set $out $shared $strategy }}
+{{- end }}
+{{- end }}
+{{- $left := list }}
+{{- range $gone }}{{ if not (hasKey $out .) }}{{ $left = append $left . }}{{ end }}{{ end }}
+{{- $_ := set $exposed $name $out }}
+{{- $_ := set $replaced $name ($left | uniq | sortAlpha) }}
+{{- if has "mps" (values $out) }}{{ $mps = append $mps $name }}{{ end }}
+{{- end }}
+{{- $m := $policy.mps }}
+{{- $values := dict
+      "gpuNames" ($gpuNames | uniq | sortAlpha)
+      "gpuPrefixes" ($policy.gpuResources.prefixes | uniq | sortAlpha)
+      "gpuRuntimeClassNames" ($policy.gpuRuntimeClassNames | sortAlpha)
+      "configLabel" $sharing.nodeConfigLabel
+      "configNames" (keys $sharing.configs | sortAlpha)
+      "defaultConfig" $sharing.defaultConfig
+      "overridingConfigs" ($overriding | uniq | sortAlpha)
+      "exposed" $exposed
+      "replaced" $replaced
+      "mixedMigConfigs" ($mixed | sortAlpha)
+      "mpsConfigNames" ($mps | sortAlpha)
+      "mpsAnnotation" $m.annotation
+      "mpsNodeSelector" $m.nodeSelector
+      "mpsTolerations" $m.tolerations
+      "injectHostIPC" $m.injectHostIPC
+      "injectRuntimeClassName" $policy.injectRuntimeClassName }}
+{{- toYaml $values }}
+{{- end }}
+
+{{/* The variables of one generated policy: its config variables as CEL (JSON) literals, then its own. */}}
+{{- define "gpu-stack.cel.variables" -}}
+{{- $values := .values }}
+{{- $out := list }}
+{{- range .policy.configVariables }}
+{{- $out = append $out (dict "name" . "expression" (toJson (get $values .))) }}
+{{- end }}
+{{- toYaml (concat $out .policy.variables) }}
+{{- end }}

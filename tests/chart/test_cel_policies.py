@@ -1,0 +1,101 @@
+"""The chart's CEL admission policies (webhook.validation.mode, webhook.mutation.mode)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from gpu_stack_webhook.cel import render as cel_render
+from gpu_stack_webhook.cel.library import config_values
+from gpu_stack_webhook.config import parse_config
+
+from .chartlib import FULLNAME, ROOT, find, one, overlays, render, run_helm, template_args
+
+SERVED = {"webhook.cel.assumeServed": True}
+ALL_CEL = {**SERVED, "webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}
+WEBHOOK_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "Certificate", "Issuer", "NetworkPolicy")
+
+
+def _webhook_objects(objects: list[dict[str, Any]]) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objects
+            if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"]
+
+
+def test_generated_policy_file_is_current() -> None:
+    path = ROOT / cel_render.CHART_FILE
+    assert path.read_text(encoding="utf-8") == cel_render.text(), (
+        f"{cel_render.CHART_FILE} is stale: run .venv/bin/python -m gpu_stack_webhook.cel.render")
+
+
+@pytest.mark.parametrize("overlay", overlays())
+def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None:
+    """The chart computes the policies' config variables from the same policy the webhook reads."""
+    settings = {**SERVED, "webhook.validation.mode": "both", "webhook.mutation.mode": "cel"}
+    objects = render(4, overlay, settings).objects()
+    policy = yaml.safe_load(one(objects, "ConfigMap", f"{FULLNAME}-webhook-policy")["data"]["policy.yaml"])
+    expected = config_values(parse_config(policy))
+    policies = find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")
+    assert len(policies) == 4 + 3
+    seen = set()
+    for obj in policies:
+        for variable in obj["spec"]["variables"]:
+            if variable["name"] in expected:
+                seen.add(variable["name"])
+                assert json.loads(variable["expression"]) == expected[variable["name"]], (overlay, variable["name"])
+    assert seen == set(expected)
+
+
+def test_both_modes_cel_render_no_webhook_at_all() -> None:
+    objects = render(4, "default", ALL_CEL).objects()
+    assert _webhook_objects(objects) == []
+    assert not find(objects, "ValidatingWebhookConfiguration") and not find(objects, "MutatingWebhookConfiguration")
+    names = sorted(o["metadata"]["name"] for o in find(objects, "ValidatingAdmissionPolicy"))
+    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7)]
+    assert sorted(o["spec"]["policyName"] for o in find(objects, "ValidatingAdmissionPolicyBinding")) == names
+    mutating = find(objects, "MutatingAdmissionPolicy")
+    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8)]
+    assert {o["spec"]["reinvocationPolicy"] for o in mutating} == {"IfNeeded"}
+
+
+def test_bindings_skip_the_namespaces_the_webhook_skips_and_take_the_actions_value() -> None:
+    settings = {**SERVED, "webhook.validation.mode": "both", "webhook.validation.celActions": ["Warn", "Audit"],
+                "webhook.policy.extraExemptNamespaces": ["batch"]}
+    objects = render(4, "default", settings).objects()
+    webhook_selector = one(objects, "ValidatingWebhookConfiguration", f"{FULLNAME}-webhook")["webhooks"][0][
+        "namespaceSelector"]
+    for binding in find(objects, "ValidatingAdmissionPolicyBinding"):
+        assert binding["spec"]["matchResources"]["namespaceSelector"] == webhook_selector
+        assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert "batch" in webhook_selector["matchExpressions"][0]["values"]
+
+
+@pytest.mark.parametrize(("validation", "mutation", "vwc", "mwc", "args"), [
+    ("webhook", "webhook", True, True, {"--mutating-webhook-configuration", "--validating-webhook-configuration"}),
+    ("cel", "webhook", False, True, {"--mutating-webhook-configuration"}),
+    ("both", "cel", True, False, {"--validating-webhook-configuration"}),
+])
+def test_each_mode_registers_only_its_webhooks(validation: str, mutation: str, vwc: bool, mwc: bool,
+                                               args: set[str]) -> None:
+    objects = render(4, "default", {**SERVED, "webhook.validation.mode": validation,
+                                    "webhook.mutation.mode": mutation}).objects()
+    assert bool(find(objects, "ValidatingWebhookConfiguration")) is vwc
+    assert bool(find(objects, "MutatingWebhookConfiguration")) is mwc
+    assert bool(find(objects, "ValidatingAdmissionPolicy")) is (validation != "webhook")
+    assert bool(find(objects, "MutatingAdmissionPolicy")) is (mutation == "cel")
+    container = one(objects, "Deployment", f"{FULLNAME}-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert {a for a in container["args"] if a.endswith("-webhook-configuration")} == args
+
+
+def test_cel_modes_need_the_apis_served() -> None:
+    """helm template sees no cluster: without --api-versions (or assumeServed) the render says what to do."""
+    failed = run_helm(4, template_args(set_json={"webhook.validation.mode": "cel"}))
+    assert not failed.ok and "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy" in failed.stderr
+    ok = run_helm(4, [*template_args(set_json={"webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}),
+                      "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                      "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"])
+    assert ok.ok, ok.stderr
+    failed = run_helm(4, [*template_args(set_json={"webhook.mutation.mode": "cel"})])
+    assert not failed.ok and "MutatingAdmissionPolicy (Kubernetes >= 1.36)" in failed.stderr
+    assert not find(render(4).objects(), "ValidatingAdmissionPolicy")  # default: webhook only

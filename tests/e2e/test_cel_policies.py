@@ -1,0 +1,160 @@
+"""The CEL admission policies on a real API server (v1.36 serves Validating- and MutatingAdmissionPolicy v1).
+
+- `cel` for both modes: the chart renders no webhook at all; bad manifests (env, privileged, CDI, device
+  mount, Pod and Deployment) are refused with the rules' messages by the policies, good ones are created,
+  an MPS pod is stored with hostIPC and the MPS toleration, a requests-only GPU pod with its limit.
+- `both`: the same manifests get the same verdicts from the policies and from the (live) webhook.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import yaml
+
+from .e2elib import ROOT, E2ECluster, Releases
+
+DEMO = ROOT / "hack" / "demo" / "manifests"
+ALL_CEL = {"webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}
+
+
+def _pod(name: str, container: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta},
+            "spec": {"containers": [{"name": "main", "image": "busybox", **container}]}}
+
+
+def _deployment(name: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}, **pod["metadata"]}, "spec": pod["spec"]}}}
+
+
+GPU = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+ENV = {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+# (manifest, the text the refusal must contain)
+BAD: dict[str, tuple[dict[str, Any], str]] = {
+    "env-pod": (_pod("env", ENV), 'GPU002 container "main" sets NVIDIA_VISIBLE_DEVICES explicitly; GPUs are '
+                "assigned by the device plugin, request nvidia.com/gpu instead (spec.containers[0].env[0])"),
+    "env-deployment": (_deployment("env", _pod("env", ENV)),
+                       'GPU002 container "main" sets NVIDIA_VISIBLE_DEVICES explicitly; GPUs are assigned by the '
+                       "device plugin, request nvidia.com/gpu instead (spec.template.spec.containers[0].env[0])"),
+    "privileged-pod": (_pod("priv", {**GPU, "securityContext": {"privileged": True}}),
+                       'GPU003 container "main" is privileged in a GPU pod and would see every GPU on the node; '
+                       "remove securityContext.privileged (spec.containers[0].securityContext.privileged)"),
+    "privileged-deployment": (_deployment("priv", _pod("priv", {**GPU, "securityContext": {"privileged": True}})),
+                              'GPU003 container "main" is privileged in a GPU pod'),
+    "cdi-pod": (_pod("cdi", {}, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+                'GPU007 annotation "cdi.k8s.io/gpu" requests CDI devices directly; request nvidia.com/gpu instead '
+                "(metadata.annotations[cdi.k8s.io/gpu])"),
+    "cdi-deployment": (_deployment("cdi", _pod("cdi", {}, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"})),
+                       "GPU007 annotation \"cdi.k8s.io/gpu\" requests CDI devices directly"),
+}
+GOOD = {
+    "gpu-pod": _pod("gpu", GPU),
+    "gpu-deployment": _deployment("gpu", _pod("gpu", GPU)),
+    "plain-pod": _pod("plain", {"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]}),
+}
+
+
+def _apply(cluster: E2ECluster, namespace: str, obj: dict[str, Any]) -> Any:
+    return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj), check=False)
+
+
+def _wait_enforced(cluster: E2ECluster, namespace: str, timeout: float = 60) -> None:
+    """Policies take effect once the API server's policy informers have them."""
+    deadline = time.monotonic() + timeout
+    probe = _pod("probe", ENV)
+    while "GPU002" not in (proc := cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                                                     input=json.dumps(probe), check=False)).stderr:
+        assert time.monotonic() < deadline, f"the policies are not enforced: {proc.stderr}"
+        time.sleep(0.5)
+
+
+def _install_cel(cluster: E2ECluster, releases: Releases, overlay: str | None = None) -> str:
+    release, _ = releases.install(overlay, set_json=ALL_CEL)
+    for kind in ("deployment", "service", "secret"):
+        names = cluster.kubectl("get", kind, "-n", release.namespace, "-l", "app.kubernetes.io/component=webhook",
+                                "-o", "name").stdout.split()
+        assert names == [], f"a webhook {kind} in cel mode: {names}"
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        assert cluster.kubectl("get", kind, "-l", release.selector, "-o", "name").stdout.split() == []
+    namespace = cluster.create_namespace()
+    _wait_enforced(cluster, namespace)
+    return namespace
+
+
+def test_cel_mode_refuses_bad_manifests_with_the_rules_messages_and_admits_good_ones(
+        cluster: E2ECluster, releases: Releases) -> None:
+    namespace = _install_cel(cluster, releases)
+    for case, (manifest, message) in BAD.items():
+        proc = _apply(cluster, namespace, manifest)
+        assert proc.returncode == 1, (case, proc.stdout)
+        assert "ValidatingAdmissionPolicy" in proc.stderr and message in proc.stderr, (case, proc.stderr)
+    for case, manifest in GOOD.items():
+        proc = _apply(cluster, namespace, manifest)
+        assert proc.returncode == 0, (case, proc.stderr)
+
+
+def test_cel_mode_mismatch_is_refused_before_the_policies(cluster: E2ECluster, releases: Releases) -> None:
+    """request != limit: the API server's own validation (after mutation, before validating admission)
+    refuses it; the webhook's early GPU001 denial has no CEL counterpart (README)."""
+    namespace = _install_cel(cluster, releases)
+    manifest = yaml.safe_load((DEMO / "14-gpu-request-limit-mismatch.yaml").read_text())
+    proc = _apply(cluster, namespace, manifest)
+    assert proc.returncode == 1
+    assert "must be equal to nvidia.com/gpu limit of 1" in proc.stderr, proc.stderr
+
+
+def test_cel_mutations_fill_the_limit_and_inject_mps(cluster: E2ECluster, releases: Releases) -> None:
+    namespace = _install_cel(cluster, releases, "mps-x10.yaml")
+    request_only = yaml.safe_load((DEMO / "13-gpu-request-only.yaml").read_text())
+    _apply(cluster, namespace, request_only).check_returncode()
+    stored = cluster.get_json("pod", request_only["metadata"]["name"], "-n", namespace)
+    assert stored["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "hostIPC" not in stored["spec"]  # it could land on the exclusive "default" config: not an MPS pod
+    mps_pod = yaml.safe_load((DEMO / "03-nvidia-mps-pod.yaml").read_text())  # selects the mps-x10 config
+    _apply(cluster, namespace, mps_pod).check_returncode()
+    stored = cluster.get_json("pod", mps_pod["metadata"]["name"], "-n", namespace)
+    assert stored["spec"]["hostIPC"] is True
+    assert {"key": "gpu-stack.io/mps", "operator": "Exists", "effect": "NoSchedule"} in stored["spec"]["tolerations"]
+    opt_in = yaml.safe_load((DEMO / "15-mps-opt-in-annotation.yaml").read_text())
+    _apply(cluster, namespace, opt_in).check_returncode()
+    stored = cluster.get_json("pod", opt_in["metadata"]["name"], "-n", namespace)
+    assert stored["spec"]["nodeSelector"]["nvidia.com/mps.capable"] == "true"
+    assert stored["spec"]["hostIPC"] is True
+
+
+def test_both_mode_gives_the_same_verdicts_from_policies_and_webhook(cluster: E2ECluster, releases: Releases,
+                                                                    live_webhook: Any) -> None:
+    release, _ = releases.install(set_json={"webhook.validation.mode": "both"})
+    namespace = cluster.create_namespace()
+    live_webhook(release)
+    _wait_enforced(cluster, namespace)
+    # The webhook is called once a requests-only GPU pod passes: its /mutate fills the limit that the
+    # API server's validation would otherwise miss.
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", check=False, input=json.dumps(
+            _pod("probe", {"resources": {"requests": {"nvidia.com/gpu": 1}}}))).returncode:
+        assert time.monotonic() < deadline, "the API server does not call the live webhook"
+        time.sleep(0.5)
+    # The policies answer first (ValidatingAdmissionPolicy runs before the validating webhooks) ...
+    for case, (manifest, message) in BAD.items():
+        proc = _apply(cluster, namespace, {**manifest, "metadata": {**manifest["metadata"], "name": f"{case}-1"}})
+        assert proc.returncode == 1 and "ValidatingAdmissionPolicy" in proc.stderr, (case, proc.stderr)
+        assert message in proc.stderr, (case, proc.stderr)
+    # ... and without their bindings the webhook refuses the same manifests with the same messages.
+    cluster.kubectl("delete", "validatingadmissionpolicybinding", "-l", release.selector)
+    deadline = time.monotonic() + 60
+    while "ValidatingAdmissionPolicy" in cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                                                         input=json.dumps(_pod("probe", ENV)), check=False).stderr:
+        assert time.monotonic() < deadline, "the policy bindings are still enforced"
+        time.sleep(0.5)
+    for case, (manifest, message) in BAD.items():
+        proc = _apply(cluster, namespace, {**manifest, "metadata": {**manifest["metadata"], "name": f"{case}-2"}})
+        assert proc.returncode == 1, (case, proc.stdout)
+        assert 'admission webhook "validate.gpu-stack.io" denied the request' in proc.stderr, (case, proc.stderr)
+        assert message in proc.stderr, (case, proc.stderr)
+    for case, manifest in GOOD.items():
+        assert _apply(cluster, namespace, manifest).returncode == 0, case

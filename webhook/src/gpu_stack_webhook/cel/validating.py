@@ -1,0 +1,172 @@
+"""One ValidatingAdmissionPolicy per rule that CEL can express: GPU001, GPU002, GPU003, GPU007.
+
+Each policy computes `variables.violations`, the list of the texts the Python rule's denials have
+(Finding.text: "GPU002 container \"main\" sets ... (spec.containers[0].env[0])"), and denies when it is
+not empty, with the message engine.denial_message would build. The scope of each expression is the
+Python rule's, documented in the rule's module; tests/property/test_cel_equivalence.py runs both on
+generated pods and compares the texts.
+
+What stays in the webhook: warnings (GPU002's unprefixed envFrom), the API lookups (ConfigMap keys,
+Pod Security levels), GPU004/GPU005 (per-node sharing and MIG exposure) and GPU006's denials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..rules import device_bypass, gpu_limits, privileged, visible_devices
+from .library import ALLOCATED, CANDIDATES, FRACTION, GPU_AMOUNTS, POD_VARIABLES, Variable, quantity_ok
+
+
+@dataclass(frozen=True)
+class CelValidation:
+    rule_id: str
+    name: str
+    # Config variables (library.config_values keys) the expressions read; the chart renders them first.
+    config: tuple[str, ...]
+    variables: tuple[Variable, ...]  # the last one is `violations`
+
+
+def _text(rule_id: str, message: str, path: str) -> str:
+    """CEL for Finding.text: '<ID> <message> (<path>)' (message and path are CEL string expressions)."""
+    return f"'{rule_id} ' + {message} + ' (' + {path} + ')'"
+
+
+# --- GPU002 ----------------------------------------------------------------------------------------------
+_VAR = visible_devices.VARIABLE
+_ENV = (
+    "variables.containers.map(e, lists.range(size(e.c.?env.orValue([])))"
+    f".filter(j, e.c.env[j].name == '{_VAR}').map(j, "
+    + _text("GPU002", f"e.label + ' sets {_VAR} ' + (has(e.c.env[j].valueFrom) ? 'from valueFrom' : 'explicitly')"
+            " + '; GPUs are assigned by the device plugin, request nvidia.com/gpu instead'",
+            "e.path + '.env[' + string(j) + ']'")
+    + ")).flatten()"
+)
+_SOURCE = ("(has(f.configMapRef) ? 'ConfigMap \"' + f.configMapRef.?name.orValue('') + '\"' : "
+           "has(f.secretRef) ? 'Secret \"' + f.secretRef.?name.orValue('') + '\"' : 'a source')")
+_ENV_FROM = (
+    "variables.containers.map(e, lists.range(size(e.c.?envFrom.orValue([]))).map(j, [dyn(j), dyn(e.c.envFrom[j])])"
+    f".filter(p, p[1].?prefix.orValue('') != '' && '{_VAR}'.startsWith(p[1].prefix)).map(p, cel.bind(f, p[1], "
+    + _text("GPU002", f"e.label + ' imports ' + {_SOURCE} + ' with prefix \"' + f.prefix + '\", which can produce "
+            f"{_VAR}; use a prefix that is not the start of {_VAR}'",
+            "e.path + '.envFrom[' + string(p[0]) + ']'")
+    + "))).flatten()"
+)
+GPU002 = CelValidation(visible_devices.ID, visible_devices.NAME, (), (
+    ("violations", f"{_ENV} + {_ENV_FROM}"),
+))
+
+# --- GPU007 ----------------------------------------------------------------------------------------------
+_CDI = (
+    f"variables.annotations.filter(k, k.startsWith('{device_bypass.CDI_ANNOTATION_PREFIX}')).map(k, "
+    + _text("GPU007", "'annotation \"' + k + '\" requests CDI devices directly; request nvidia.com/gpu instead'",
+            "variables.metaPath + '.annotations[' + k + ']'")
+    + ")"
+)
+# posixpath.normpath, lexically like the toolkit's filepath.Clean: the path's segments without '' and
+# '.', each '..' pops one (never above the root). Stack depth after segment i is the running sum of
+# +1/-1 minus its lowest point below zero; the cleaned path's k-th component is the last name pushed
+# to depth k+1. The path is under the device list dir when its first three components are var, run
+# and a name starting with nvidia-container-devices (a plain string prefix, as the toolkit matches).
+_DEPTHS = ("cel.bind(d, lists.range(size(s)).map(i, lists.range(i + 1).map(j, s[j] == '..' ? -1 : 1).sum()), "
+           "lists.range(size(s)).map(i, cel.bind(low, lists.range(i + 1).map(j, d[j]).min(), "
+           "d[i] - (low < 0 ? low : 0))))")
+
+
+def _component(k: int) -> str:
+    return f"lists.range(size(s)).filter(i, s[i] != '..' && depth[i] == {k + 1})"
+
+
+_DIR_PARTS = device_bypass.DEVICE_LIST_DIR.strip("/").split("/")  # var, run, nvidia-container-devices
+_UNDER_DEVICE_DIR = (
+    "cel.bind(s, m.mountPath.split('/').filter(x, x != '' && x != '.'), "
+    f"cel.bind(depth, {_DEPTHS}, size(s) > 0 && depth[size(s) - 1] >= 3 && "
+    + " && ".join(
+        f"cel.bind(at, {_component(k)}, s[at[size(at) - 1]]"
+        + (f" == '{part}')" if k < 2 else f".startsWith('{part}'))")
+        for k, part in enumerate(_DIR_PARTS))
+    + "))"
+)
+_MOUNTS = (
+    "variables.containers.map(e, lists.range(size(e.c.?volumeMounts.orValue([])))"
+    ".map(j, [dyn(j), dyn(e.c.volumeMounts[j])])"
+    f".filter(p, cel.bind(m, p[1], has(m.mountPath) && {_UNDER_DEVICE_DIR})).map(p, "
+    + _text("GPU007", "e.label + ' mounts ' + p[1].mountPath + ', which the NVIDIA runtime reads as a GPU device "
+            "list; mount it elsewhere'", "e.path + '.volumeMounts[' + string(p[0]) + ']'")
+    + ")).flatten()"
+)
+GPU007 = CelValidation(device_bypass.ID, device_bypass.NAME, (), (("violations", f"{_CDI} + {_MOUNTS}"),))
+
+# --- GPU003 ----------------------------------------------------------------------------------------------
+_PRIVILEGED = "e.c.?securityContext.?privileged.orValue(false) == true"
+_GRANTING = sorted(privileged.SYS_ADMIN_GRANTING)
+# The index of the first capabilities.add entry that grants CAP_SYS_ADMIN (privileged.canonical_capability).
+_SYS_ADMIN_AT = (
+    "cel.bind(add, e.c.?securityContext.?capabilities.?add.orValue([]), lists.range(size(add)).filter(k, "
+    "cel.bind(u, string(add[k]).trim().upperAscii(), (u.startsWith('CAP_') ? u.substring(4) : u) in "
+    f"{_GRANTING!r})))"
+)
+_GPU_POD = ("(variables.podSpec.?runtimeClassName.orValue('') in variables.gpuRuntimeClassNames || "
+            "size(variables.gpuAmounts) > 0)")
+_OWN_GPU = ("variables.candidateConfigs.all(n, n in variables.overridingConfigs) && "
+            "e.path in variables.allocatedPaths")
+_GPU003_PRIVILEGED = (
+    f"variables.containers.filter(e, {_PRIVILEGED}).map(e, "
+    + _text("GPU003", "e.label + ' is privileged in a GPU pod and would see every GPU on the node; "
+            "remove securityContext.privileged'", "e.path + '.securityContext.privileged'")
+    + ")"
+)
+_SYS_ADMIN_TEXT = _text(
+    "GPU003",
+    "e.label + ' adds capability ' + c + ' in a GPU pod without a GPU of its own; the NVIDIA runtime treats "
+    "CAP_SYS_ADMIN as privileged and gives it every GPU its image asks for (NVIDIA_VISIBLE_DEVICES=all in CUDA "
+    "images); drop ' + c + ' or give the container its own GPU request'",
+    "e.path + '.securityContext.capabilities.add[' + string(k) + ']'",
+)
+_GPU003_SYS_ADMIN = (
+    f"variables.containers.filter(e, !({_PRIVILEGED}) && !({_OWN_GPU}) && size({_SYS_ADMIN_AT}) > 0).map(e, "
+    f"cel.bind(k, {_SYS_ADMIN_AT}[0], cel.bind(c, string(e.c.securityContext.capabilities.add[k]), "
+    f"{_SYS_ADMIN_TEXT})))"
+)
+GPU003 = CelValidation(privileged.ID, privileged.NAME, (
+    "gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "configNames", "defaultConfig",
+    "overridingConfigs"), (
+    GPU_AMOUNTS, ALLOCATED, CANDIDATES,
+    ("violations", f"{_GPU_POD} ? {_GPU003_PRIVILEGED} + {_GPU003_SYS_ADMIN} : []"),
+))
+
+# --- GPU001 ----------------------------------------------------------------------------------------------
+# Judged where nothing can patch (workload templates, and Pods after the mutating phase): a fraction
+# or a negative value, a request different from the limit, a request without a limit.
+
+
+def _not_whole(section: str, raw: str) -> str:
+    return _text("GPU001", f"a.e.label + ': ' + a.r + ' {section[:-1]} ' + {raw} + ' is not a whole number; "
+                 f"{FRACTION}'", f"a.e.path + '.resources.{section}[' + a.r + ']'")
+
+
+_COUNT = "string(quantity({}).asInteger())"
+_GPU001 = (
+    "variables.gpuAmounts.map(a, "
+    f"a.hasReq && !{quantity_ok('a.req')} ? [{_not_whole('requests', 'a.req')}] : "
+    f"a.hasLim && !{quantity_ok('a.lim')} ? [{_not_whole('limits', 'a.lim')}] : "
+    "a.hasReq && a.hasLim && quantity(a.req).compareTo(quantity(a.lim)) != 0 ? ["
+    + _text("GPU001", f"a.e.label + ': ' + a.r + ' request ' + {_COUNT.format('a.req')} + ' != limit ' + "
+            f"{_COUNT.format('a.lim')} + '; set both to the same whole number ({FRACTION})'",
+            "a.e.path + '.resources.requests[' + a.r + ']'")
+    + "] : a.hasReq && !a.hasLim ? ["
+    + _text("GPU001", f"a.e.label + ': ' + a.r + ' has request ' + {_COUNT.format('a.req')} + ' but no limit; "
+            f"set limits.' + a.r + ' to ' + {_COUNT.format('a.req')}",
+            "a.e.path + '.resources.limits[' + a.r + ']'")
+    + "] : []).flatten()"
+)
+GPU001 = CelValidation(gpu_limits.ID, gpu_limits.NAME, ("gpuNames", "gpuPrefixes"), (
+    GPU_AMOUNTS, ("violations", _GPU001),
+))
+
+POLICIES: tuple[CelValidation, ...] = (GPU001, GPU002, GPU003, GPU007)
+
+
+def all_variables(policy: CelValidation) -> tuple[Variable, ...]:
+    """The pod-finding variables every policy starts with, then the policy's own."""
+    return (*POD_VARIABLES, *policy.variables)
