@@ -41,6 +41,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "migManager": {"migManager": {"enabled": True}, "sharing": {"configs": {"default": {"migStrategy": "single"}}}},
     "dcgmExporter.serviceMonitor": {"dcgmExporter": {"serviceMonitor": {"enabled": True}}},
     "webhook.networkPolicy.from": {"webhook": {"networkPolicy": {"enabled": True}}},
+    # The denial test (and its kubectl image) is rendered only with a namespace the webhook covers.
+    "webhook.helmTests.kubectlImage": {"webhook": {"helmTests": {"namespace": "gpu-check"}}},
     "mpsControlDaemon": {"sharing": {"configs": {"mps-x4": {"mps": {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
 }
