@@ -1,6 +1,6 @@
-"""The webhook's NetworkPolicy: on by default (Kubernetes-hardening scanners want one per pod); ingress only to TCP 8443 of the webhook pods, from
-anywhere unless `webhook.networkPolicy.from` names peers; egress never restricted (self-managed TLS and
-lookups need the apiserver)."""
+"""The webhook's NetworkPolicy: on by default (scanners want one per pod); ingress only to TCP 8443 of the
+webhook pods, from anywhere unless `webhook.networkPolicy.from` names peers; egress never restricted
+(self-managed TLS and lookups need the apiserver)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ own webhook configurations. A reason never contains "=" (checkov splits the anno
 {{- define "gpu-stack.security.reasons" -}}
 cpuLimit: No CPU limit by design - CFS throttling stalls a node agent or the admission webhook in bursts; the CPU request reserves its share
 pullPolicy: imagePullPolicy is a value (default IfNotPresent); pin images by digest rather than re-pulling on every start
-digest: Image references are values - set the image tag to <tag>@sha256:<digest> to pin by digest
+digest: Image references are values - set the image tag to TAG@sha256:DIGEST to pin by digest
 escalation: Privileged container (CKV_K8S_16) - the API rejects allowPrivilegeEscalation false on a privileged container
 capabilities: Privileged container (CKV_K8S_16) - it holds every capability, so a drop list has no effect
 rootPrivileged: Privileged GPU/runtime agent running as root (CKV_K8S_16); root-owned device nodes, driver files and host paths
