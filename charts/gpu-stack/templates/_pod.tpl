@@ -68,3 +68,13 @@ tolerations:
 runtimeClassName: {{ . }}
 {{- end }}
 {{- end }}
+
+{{/*
+Checksum of the data of a ConfigMap the chart renders, for a pod annotation: the pod restarts when
+the config it consumes changes, and only then (the ConfigMap's labels, which carry the chart
+version, are left out). Call with (dict "root" $ "template" "nfd/configmap.yaml").
+*/}}
+{{- define "gpu-stack.configChecksum" -}}
+{{- $cm := include (print .root.Template.BasePath "/" .template) .root | fromYaml }}
+{{- toYaml (get $cm "data" | default dict) | sha256sum }}
+{{- end }}

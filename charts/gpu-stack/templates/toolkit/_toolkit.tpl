@@ -28,3 +28,74 @@ Returns a YAML map: runtime, config, dropIn, socket, configSource.
 {{- with .Values.toolkit.runtimeSocket }}{{ $_ := set $p "socket" . }}{{ end }}
 {{- toYaml $p }}
 {{- end }}
+
+{{/* Where the driver root (gpuNodes.driverRoot) is seen inside the toolkit pod: under the host root at /host. */}}
+{{- define "gpu-stack.toolkitDriverRootCtrPath" -}}
+{{- clean (printf "/host/%s" .Values.gpuNodes.driverRoot) }}
+{{- end }}
+
+{{/*
+The dev-char-symlinks container of the toolkit pod. With systemd cgroup management, a
+`systemctl daemon-reload` re-applies each container's device rules from /dev/char/<major>:<minor>
+links; NVIDIA device nodes have none, so containers lose their GPUs ("NVML: Unknown Error",
+NVIDIA/gpu-operator#430). GPU Operator's validator (driver validation, run as the toolkit pod's
+init container) therefore creates a /dev/char link for every possible NVIDIA device node:
+createAll, createDeviceNodes, loadKernelModules for a host driver, links written to the host's
+/dev/char mounted at /host-dev-char. This container runs the same creator through the CLI the
+toolkit installs, `nvidia-ctk system create-dev-char-symlinks`, once nvidia-ctk is in place, then
+idles (a DaemonSet container must keep running); it runs again whenever the pod restarts.
+*/}}
+{{- define "gpu-stack.devCharSymlinksContainer" -}}
+{{- $ctk := printf "%s/toolkit/nvidia-ctk" .Values.toolkit.installDir }}
+{{- $args := list "system" "create-dev-char-symlinks" "--create-all" "--create-device-nodes" }}
+{{- if eq (clean .Values.gpuNodes.driverRoot) "/" }}{{ $args = append $args "--load-kernel-modules" }}{{ end }}
+{{- $args = concat $args (list (printf "--driver-root=%s" (include "gpu-stack.toolkitDriverRootCtrPath" .)) "--dev-char-path=/host-dev-char") }}
+- name: dev-char-symlinks
+  image: {{ include "gpu-stack.image" .Values.toolkit.image }}
+  imagePullPolicy: {{ .Values.toolkit.image.pullPolicy }}
+  command: ["sh", "-c"]
+  args:
+    - |
+      until [ -x {{ $ctk }} ] && {{ $ctk }} {{ join " " $args }}; do
+        echo "waiting for the toolkit to install {{ $ctk }} ..."
+        sleep 5
+      done
+      trap 'exit 0' TERM
+      while true; do sleep 3600 & wait $!; done
+  env:
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
+  {{- with .Values.toolkit.devCharSymlinksResources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- /* Ready and alive while the link to the NVIDIA control device (char 195:255, nvidiactl) is there. */}}
+  livenessProbe:
+    exec:
+      command: ["sh", "-c", "test -L /host-dev-char/195:255"]
+    initialDelaySeconds: 60
+    periodSeconds: 60
+    timeoutSeconds: 5
+    failureThreshold: 5
+  readinessProbe:
+    exec:
+      command: ["sh", "-c", "test -L /host-dev-char/195:255"]
+    periodSeconds: 10
+    timeoutSeconds: 5
+  securityContext:
+    # mknod of the control device nodes, modprobe through the host root, writes to /dev/char.
+    privileged: true
+    readOnlyRootFilesystem: true
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+    - name: host-root
+      mountPath: /host
+      readOnly: true
+      mountPropagation: HostToContainer
+    - name: toolkit-install-dir
+      mountPath: {{ .Values.toolkit.installDir }}
+      readOnly: true
+    - name: host-dev-char
+      mountPath: /host-dev-char
+{{- end }}
