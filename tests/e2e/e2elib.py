@@ -74,8 +74,12 @@ class E2ECluster:
 
     def _run(self, binary: str, args: Sequence[str], input: str | None, check: bool,
              timeout: float) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
         proc = subprocess.run([binary, *map(str, args)], input=input, capture_output=True, text=True,
                               env=self.env, timeout=timeout, check=False)
+        # pytest shows this captured trail when a test fails
+        command = f"{Path(binary).name} {' '.join(map(str, args))}"
+        print(f"[{time.monotonic() - started:5.1f}s rc={proc.returncode}] {command}")
         if check and proc.returncode != 0:
             raise AssertionError(f"{Path(binary).name} {' '.join(map(str, args))} exited {proc.returncode}\n"
                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
