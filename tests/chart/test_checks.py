@@ -76,6 +76,16 @@ FAIL_CASES: list[Any] = [
     pytest.param({"migManager.enabled": True}, "gpu-stack",
                  "gpu-stack: migManager.enabled=true but every sharing config has migStrategy none",
                  id="mig-manager-without-mig-strategy"),
+    # helm template has no cluster: lookup finds no RuntimeClass, as on a cluster without one.
+    pytest.param({"toolkit.enabled": False}, "gpu-stack",
+                 'gpu-stack: gpuNodes.runtimeClassName is "nvidia", but the chart does not create that RuntimeClass '
+                 "(toolkit.enabled=false) and the cluster serves none", id="runtime-class-missing-toolkit-off"),
+    pytest.param({"toolkit.runtimeClass.create": False}, "gpu-stack",
+                 'gpu-stack: gpuNodes.runtimeClassName is "nvidia", but the chart does not create that RuntimeClass '
+                 "(toolkit.runtimeClass.create=false)", id="runtime-class-missing-not-created"),
+    pytest.param({"toolkit.runtimeClass.name": "nvidia-cdi"}, "gpu-stack",
+                 'gpu-stack: gpuNodes.runtimeClassName is "nvidia", but the chart does not create that RuntimeClass '
+                 '(the toolkit\'s RuntimeClass is "nvidia-cdi")', id="runtime-class-name-mismatch"),
 ]
 
 
@@ -96,6 +106,10 @@ def test_valid_neighbours_of_fail_cases_render() -> None:
         {"webhook.tls.mode": "cert-manager"},
         {"webhook.helmTests.namespace": "ml"},
         {"webhook.enabled": False, "webhook.tls.mode": "secret"},
+        {"toolkit.enabled": False, "gpuNodes.runtimeClassExists": True},
+        {"toolkit.enabled": False, "gpuNodes.runtimeClassName": ""},
+        {"toolkit.runtimeClass.name": "nvidia-cdi", "gpuNodes.runtimeClassName": "nvidia-cdi"},
+        {"toolkit.enabled": False, "devicePlugin.enabled": False, "gfd.enabled": False, "dcgmExporter.enabled": False},
     ):
         result = render(3, set_json=set_json)
         assert result.ok, (set_json, result.stderr)

@@ -84,10 +84,15 @@ def test_nondeterministic_call_detector() -> None:
     assert nondeterministic_calls(sample) == ["genCA", "now"]
 
 
+# validate.yaml renders no object: its lookup (is the RuntimeClass the GPU agents need served?) can
+# only fail an install, never change a manifest.
+ALLOWED_CALLS = {"templates/validate.yaml: lookup"}
+
+
 def test_no_nondeterministic_functions_in_templates() -> None:
     offenders = [f"{path.relative_to(CHART)}: {fn}" for path in (CHART / "templates").rglob("*") if path.is_file()
                  for fn in nondeterministic_calls(path.read_text(encoding="utf-8"))]
-    assert offenders == []
+    assert [o for o in offenders if o not in ALLOWED_CALLS] == []
 
 
 _VALIDATED: dict[tuple[str, str], str | None] = {}

@@ -35,6 +35,17 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: gpu-stack
 {{- end }}
 
+{{/*
+Labels of a pod template: the common labels without helm.sh/chart and app.kubernetes.io/version,
+which change with every chart release and would restart every node agent on each upgrade.
+Call with (dict "root" $ "component" "x").
+*/}}
+{{- define "gpu-stack.podLabels" -}}
+{{ include "gpu-stack.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: gpu-stack
+{{- end }}
+
 {{/* Selector labels. Call with (dict "root" $ "component" "x"). */}}
 {{- define "gpu-stack.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpu-stack.name" .root }}

@@ -33,3 +33,15 @@ render from this one definition, so they cannot disagree.
 {{- end }}
 {{- toYaml $names }}
 {{- end }}
+
+{{/* "true" when some sharing config shares GPUs through MPS, else "". */}}
+{{- define "gpu-stack.hasMps" -}}
+{{- if (include "gpu-stack.mpsConfigNames" . | fromYamlArray) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when some sharing config uses a MIG strategy other than none, else "". */}}
+{{- define "gpu-stack.anyMig" -}}
+{{- range $name, $cfg := .Values.sharing.configs }}
+{{- if ne ($cfg.migStrategy | default "none") "none" }}true{{ end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,82 @@
+"""End-to-end fixtures: the chart and the webhook against a real Kubernetes API server.
+
+Run with `make e2e` (every test here is marked `e2e`; `make test` does not collect tests/e2e). The
+cluster is a throwaway control plane from hack/controlplane.py (etcd + kube-apiserver +
+kube-controller-manager v1.36 from `KUBEBUILDER_ASSETS`, see hack/envtest-assets.sh), or, with
+`GPU_STACK_E2E_CLUSTER=existing`, the cluster of `KUBECONFIG` (kind, a real GPU cluster). Without
+either the session errors with a message saying what to provide. There are no nodes on the throwaway
+plane: pods stay Pending, everything up to the scheduler (admission, controllers, GC) is real.
+
+Fixtures:
+
+- `cluster` (session): an `E2ECluster` (tests/e2e/e2elib.py) with
+  - `kind` ("envtest" | "existing") and `kubeconfig` (admin kubeconfig path),
+  - `kubectl(*args, input=None, check=True)` -> `subprocess.CompletedProcess[str]` (real kubectl;
+    check=True raises with stdout/stderr on a non-zero exit), `get_json(*args)`,
+  - `helm(*args, check=True)` (Helm 4) and `helm3(*args, check=True)` (Helm 3),
+  - `kubernetes`: a `kubernetes.client.ApiClient` for the same kubeconfig,
+  - `create_namespace(name=None, labels=None)` (waits for its default ServiceAccount).
+- `releases` (function): a `Releases` helper: `install(overlay=None, name="gpu-stack",
+  helm_major=4, set_json=..., values=..., check=True)` -> `(Release, CompletedProcess)` into a fresh
+  namespace, `upgrade(release, ...)`, `uninstall(release)`; at teardown it uninstalls what is still
+  installed and deletes the namespaces it made. `Release` has `name`, `namespace`, `fullname`, `selector`.
+- `live_webhook` (function): a factory; `live_webhook(release, policy=None, lookups=False,
+  extra_args=(), probe_namespace=None)` runs `gpu-stack-webhook serve` on 127.0.0.1 over TLS with a
+  loopback PKI (certs.write_loopback_pki), serving the release's own policy ConfigMap, and re-points the
+  release's Mutating/ValidatingWebhookConfigurations to `clientConfig.url: https://127.0.0.1:PORT/...`
+  with that caBundle; with `probe_namespace` it waits until the API server calls it. Returns a
+  `LiveWebhook` (`port`, `pki`, `log()`); stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
+    try:
+        plane = controlplane.connect(prepare=os.environ.get("GPU_STACK_E2E_PREPARE") == "1")
+        with plane as running:
+            yield E2ECluster.from_controlplane(running, tmp_path_factory.mktemp("helm-home"))
+    except controlplane.ControlPlaneError as exc:
+        pytest.exit(f"e2e: {exc}", returncode=2)
+
+
+@pytest.fixture
+def releases(cluster: E2ECluster) -> Iterator[Releases]:
+    helper = Releases(cluster)
+    try:
+        yield helper
+    finally:
+        helper.cleanup()
+
+
+@pytest.fixture
+def live_webhook(cluster: E2ECluster, tmp_path: Path) -> Iterator[Callable[..., LiveWebhook]]:
+    started: list[LiveWebhook] = []
+
+    def start(release: Release | None = None, **kwargs: Any) -> LiveWebhook:
+        hook = LiveWebhook(cluster, tmp_path / f"webhook-{len(started)}")
+        started.append(hook)
+        return hook.start(release, **kwargs)
+
+    try:
+        yield start
+    finally:
+        for hook in started:
+            hook.stop()
