@@ -162,18 +162,6 @@ spec:
 for s in /var/lib/kubelet/device-plugins/nvidia-*.sock; do [ -S "$s" ] || exit 1; done
 {{- end }}
 
-{{/*
-Shell check that GFD's labels file exists and was rewritten within three sleep intervals (at least
-5 minutes): gfd.sleepInterval is a Go duration ("60s", "1m30s", "500ms"), as values.schema.json allows.
-*/}}
-{{- define "gpu-stack.security.gfdFreshCheck" -}}
-{{- $file := "/etc/kubernetes/node-feature-discovery/features.d/gfd" }}
-{{- $unit := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
-{{- $seconds := 0.0 }}
-{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|s|m|h)" (toString .Values.gfd.sleepInterval) -1 }}
-{{- $u := regexFind "(ms|s|m|h)$" . }}
-{{- $seconds = addf $seconds (mulf (trimSuffix $u . | float64) (get $unit $u)) }}
-{{- end }}
 {{- $minutes := max 5 (ceil (divf (mulf 3 $seconds) 60) | int) }}
 {{- printf "test -s %s && test -n \"$(find %s -mmin -%d)\"" $file $file $minutes }}
 {{- end }}
