@@ -162,15 +162,10 @@ spec:
 for s in /var/lib/kubelet/device-plugins/nvidia-*.sock; do [ -S "$s" ] || exit 1; done
 {{- end }}
 
-{{- $minutes := max 5 (ceil (divf (mulf 3 $seconds) 60) | int) }}
-{{- printf "test -s %s && test -n \"$(find %s -mmin -%d)\"" $file $file $minutes }}
-{{- end }}
-
 {{/* Shell check: every MPS daemon that has a .started file answers on its pipe directory (upstream mps/root.go layout <root>/<resource>/{pipe,.started}). */}}
 {{- define "gpu-stack.security.mpsHealthCheck" -}}
 for d in /mps/*/; do [ -f "$d.started" ] || continue; echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="${d}pipe" nvidia-cuda-mps-control >/dev/null || exit 1; done
 {{- end }}
-
 
 {{/*
 Shell check that the toolkit is installed and the runtime uses it: the installer's pid file,
