@@ -1,7 +1,7 @@
 """The request mix `make bench` replays: AdmissionReview bodies built from the recorded apiserver traffic.
 
-Every body starts from a request a real kube-apiserver v1.36 sent (../shared/fixtures/apiserver-v1.36,
-next to the repository) and is scaled up from it, so headers, managedFields, the ServiceAccount volume
+Every body starts from a request a real kube-apiserver v1.36 sent (tests/fixtures/apiserver-v1.36,
+copied from ../shared/fixtures) and is scaled up from it, so headers, managedFields, the ServiceAccount volume
 and the defaulted fields are what the webhook really sees:
 
 * `gpu-pod`: the recorded 1-container GPU pod (`pod-gpu-limit-only-*`), unchanged.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "apiserver-v1.36" / "admission-requests"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36" / "admission-requests"
 ENDPOINTS = ("validate", "mutate")
 MPS_ANNOTATION = "gpu-stack.io/mps"
 GPU = "nvidia.com/gpu"
@@ -52,8 +52,8 @@ def recorded(name: str) -> dict[str, Any]:
     path = FIXTURES / name
     if not path.is_file():
         raise FileNotFoundError(
-            f"recorded AdmissionReview {path} is missing: the apiserver-v1.36 fixtures are expected in "
-            f"{FIXTURES.parent} (../shared/fixtures next to the repository)"
+            f"recorded AdmissionReview {path} is missing: copy it from ../shared/fixtures/apiserver-v1.36 "
+            f"into {FIXTURES.parent} (tests/fixtures/README.md)"
         )
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data

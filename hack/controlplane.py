@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run needs a command after --")
     try:
         with connect(prepare=True, keep=args.keep) as cluster:
-            print(f"controlplane: {cluster.kind} at {cluster.server or cluster.kubeconfig}", file=sys.stderr)
+            print(f"controlplane: {cluster.kind} at {cluster.server or '-'}, KUBECONFIG={cluster.kubeconfig}",
+                  file=sys.stderr)
             bindir = str(Path(cluster.kubectl).parent)
             env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPU_STACK_E2E_CLUSTER": "existing",
                    "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}

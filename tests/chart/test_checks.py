@@ -86,6 +86,9 @@ FAIL_CASES: list[Any] = [
     pytest.param({"toolkit.runtimeClass.name": "nvidia-cdi"}, "gpu-stack",
                  'gpu-stack: gpuNodes.runtimeClassName is "nvidia", but the chart does not create that RuntimeClass '
                  '(the toolkit\'s RuntimeClass is "nvidia-cdi")', id="runtime-class-name-mismatch"),
+    pytest.param({"nfd.installCRDs": True}, "gpu-stack",
+                 "gpu-stack: nfd.installCRDs was removed: the NFD CRDs are now in the chart's crds/ directory",
+                 id="removed-nfd-install-crds"),
 ]
 
 
@@ -134,7 +137,10 @@ def test_fail_messages_start_with_gpu_stack() -> None:
 
 
 def test_every_fail_check_has_a_triggering_case() -> None:
-    expected = [p.values[2] for p in FAIL_CASES]
+    # The cluster-prerequisite checks fire only when Helm talks to a cluster: make e2e triggers them.
+    from e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
+
+    expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES]
     uncovered = []
     for path, message in _fail_messages():
         static = re.split(r"%[-+# 0-9.]*[a-zA-Z]", message, maxsplit=1)[0]

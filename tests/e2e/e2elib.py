@@ -74,8 +74,12 @@ class E2ECluster:
 
     def _run(self, binary: str, args: Sequence[str], input: str | None, check: bool,
              timeout: float) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
         proc = subprocess.run([binary, *map(str, args)], input=input, capture_output=True, text=True,
                               env=self.env, timeout=timeout, check=False)
+        # pytest shows this captured trail when a test fails
+        command = f"{Path(binary).name} {' '.join(map(str, args))}"
+        print(f"[{time.monotonic() - started:5.1f}s rc={proc.returncode}] {command}")
         if check and proc.returncode != 0:
             raise AssertionError(f"{Path(binary).name} {' '.join(map(str, args))} exited {proc.returncode}\n"
                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
@@ -232,18 +236,36 @@ class LiveWebhook:
                 self.wait_called(probe_namespace)
         return self
 
-    def _serve(self, args: list[str]) -> None:
+    def start_self_managed(self, release: Release, kubeconfig: Path, extra_args: Sequence[str] = ()) -> LiveWebhook:
+        """`serve --tls-mode self-managed` as the chart runs it (its Secret, Service and configurations),
+        with the API access of `kubeconfig`; the webhook configurations are left as they are."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "policy.yaml"
+        config.write_text("{}\n")
+        name = f"{release.fullname}-webhook"
+        self._serve(["--config", str(config), "--tls-mode", "self-managed", "--cert-dir", str(self.workdir / "tls"),
+                     "--tls-secret", f"{name}-tls", "--namespace", release.namespace, "--service", name,
+                     "--mutating-webhook-configuration", name, "--validating-webhook-configuration", name,
+                     "--kubeconfig", str(kubeconfig), *extra_args])
+        return self
+
+    @staticmethod
+    def command() -> list[str]:
         script = Path(sys.executable).with_name("gpu-stack-webhook")
-        command = [str(script)] if script.exists() else [shutil.which("gpu-stack-webhook") or "gpu-stack-webhook"]
+        return [str(script)] if script.exists() else [shutil.which("gpu-stack-webhook") or "gpu-stack-webhook"]
+
+    def serve_env(self) -> dict[str, str]:
         env = {k: v for k, v in self.cluster.env.items() if k not in ("PROMETHEUS_MULTIPROC_DIR",
                                                                        "GPU_STACK_WEBHOOK_CONFIG")}
-        env |= {"GPU_STACK_WEBHOOK_WORKERS": "1", "GPU_STACK_WEBHOOK_THREADS": "4"}
+        return env | {"GPU_STACK_WEBHOOK_WORKERS": "1", "GPU_STACK_WEBHOOK_THREADS": "4"}
+
+    def _serve(self, args: list[str]) -> None:
         for _attempt in range(3):  # another process may take the free port before gunicorn binds it
             self.port = controlplane.free_port()
             with self.log_path.open("ab") as log:
-                self.process = subprocess.Popen([*command, "serve", *args, "--bind", f"127.0.0.1:{self.port}"],
-                                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
-                                                start_new_session=True)
+                self.process = subprocess.Popen([*self.command(), "serve", *args, "--bind", f"127.0.0.1:{self.port}"],
+                                                stdout=log, stderr=subprocess.STDOUT, env=self.serve_env(),
+                                                cwd=self.workdir, start_new_session=True)
             if self._wait_healthy():
                 return
             if "already in use" not in self.log():
@@ -251,8 +273,11 @@ class LiveWebhook:
         raise AssertionError(f"gpu-stack-webhook serve did not start:\n{self.log()}")
 
     def _wait_healthy(self) -> bool:
-        assert self.process is not None and self.pki is not None
-        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        assert self.process is not None
+        if self.pki is not None:
+            context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        else:  # self-managed: the certificate names the Service, not 127.0.0.1; liveness only here
+            context = ssl._create_unverified_context()
         deadline = time.monotonic() + self.STARTUP_SECONDS
         while time.monotonic() < deadline and self.process.poll() is None:
             with contextlib.suppress(OSError, http.client.HTTPException):

@@ -31,15 +31,15 @@ from gpu_stack_webhook.findings import Finding
 # --------------------------------------------------------------------------------------------------
 
 REPO_ROOT = Path(__file__).parents[2]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "apiserver-v1.36"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36"  # copied from ../shared (tests/fixtures/README.md)
 ADMISSION_REQUESTS = FIXTURES / "admission-requests"
 RESPONSES = FIXTURES / "responses"
 
 
 def _missing(path: Path) -> str:
     return (
-        f"recorded fixture {path} is absent: the apiserver-v1.36 recordings are expected in "
-        f"{FIXTURES} (../shared/fixtures next to the repository)"
+        f"recorded fixture {path} is absent: copy it from ../shared/fixtures/apiserver-v1.36 into "
+        f"{FIXTURES} (tests/fixtures/README.md)"
     )
 
 

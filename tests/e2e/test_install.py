@@ -1,0 +1,149 @@
+"""The chart installed for real: the defaults and every overlay in Chart-values-examples/, from nothing,
+upgraded with one value changed, then uninstalled, with Helm 4 (and Helm 3 for the defaults and a MIG
+overlay). Overlays that need other projects' CRDs get minimal stand-ins (tests/e2e/crds/) first; without
+them the install must stop at once with our own message (tests/e2e/test_prerequisites.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .e2elib import E2ECluster, Release, Releases, overlays, unique
+
+CRDS = Path(__file__).parent / "crds"
+NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io")
+# Overlay -> the stand-in CRDs it needs installed first, and the custom objects it then creates.
+STANDINS = {
+    "monitoring-prometheus-operator.yaml": ("prometheus-operator-standin.yaml", {"ServiceMonitor"}),
+    "webhook-cert-manager.yaml": ("cert-manager-standin.yaml", {"Certificate", "Issuer"}),
+}
+MIG_OVERLAYS = {"mig-single-all-1g.yaml", "mig-mixed-all-balanced.yaml"}
+# Pods, ReplicaSets, ... are made by controllers, not Helm, and go away through the garbage collector.
+CONTROLLER_MADE = "pods,replicasets,controllerrevisions,jobs"
+
+
+def remove_nfd_crds(cluster: E2ECluster) -> None:
+    """Back to a cluster that never saw the chart: the NFD CRDs (kept by every uninstall) go too."""
+    cluster.kubectl("delete", "crd", *NFD_CRDS, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def apply_crds(cluster: E2ECluster, file_name: str) -> list[str]:
+    path = CRDS / file_name
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d]
+    cluster.kubectl("apply", "-f", str(path))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in names))
+    return names
+
+
+@pytest.fixture
+def standin_crds(cluster: E2ECluster):
+    applied: list[str] = []
+
+    def apply(file_name: str) -> None:
+        applied.extend(apply_crds(cluster, file_name))
+
+    yield apply
+    if applied:
+        cluster.kubectl("delete", "crd", *applied, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def manifest_objects(cluster: E2ECluster, release: Release) -> list[tuple[str, str, str]]:
+    helm = cluster.helm if release.helm_major == 4 else cluster.helm3
+    manifest = helm("get", "manifest", release.name, "-n", release.namespace).stdout
+    return [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+            for d in yaml.safe_load_all(manifest) if d]
+
+
+def webhook_timeouts(cluster: E2ECluster, release: Release) -> dict[str, int]:
+    return {hook["name"]: hook["timeoutSeconds"]
+            for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+            for obj in cluster.get_json(kind, "-l", release.selector)["items"] for hook in obj["webhooks"]}
+
+
+def present(cluster: E2ECluster, release: Release, objects: list[tuple[str, str, str]]) -> list[str]:
+    """Which of the manifest's objects exist (one kubectl call: -n is ignored for cluster-scoped kinds)."""
+    assert {namespace for _, namespace, _ in objects} <= {"", release.namespace}
+    got = cluster.kubectl("get", "-n", release.namespace, *(f"{kind}/{name}" for kind, _, name in objects),
+                          "--ignore-not-found", "-o", "name").stdout
+    return sorted(got.split())
+
+
+def assert_nothing_left(cluster: E2ECluster, release: Release, objects: list[tuple[str, str, str]]) -> None:
+    assert present(cluster, release, objects) == [], "still there after helm uninstall"
+    deadline = time.monotonic() + 90
+    while left := cluster.kubectl("get", CONTROLLER_MADE, "-n", release.namespace, "-l", release.selector,
+                                  "-o", "name").stdout.split():
+        assert time.monotonic() < deadline, f"the garbage collector left {left}"
+        time.sleep(1)
+
+
+def assert_pods_not_blocked(cluster: E2ECluster) -> None:
+    """With the webhook gone, even a pod it would deny is admitted (dry run: nothing is stored)."""
+    namespace = cluster.create_namespace()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after-uninstall"},
+           "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
+                                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    assert proc.stdout.strip() == "pod/after-uninstall created (server dry run)"
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def lifecycle(cluster: E2ECluster, releases: Releases, overlay: str, helm_major: int) -> dict[str, Any]:
+    remove_nfd_crds(cluster)
+    release, proc = releases.install(overlay, helm_major=helm_major)
+    helm = cluster.helm if helm_major == 4 else cluster.helm3
+    status = json.loads(helm("status", release.name, "-n", release.namespace, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed", proc.stdout + proc.stderr
+    cluster.kubectl("get", "crd", *NFD_CRDS)  # from the chart's crds/, created before any template
+    objects = manifest_objects(cluster, release)
+    assert len(present(cluster, release, objects)) == len(objects)  # every object of the manifest is there
+    kinds = {kind for kind, _, _ in objects}
+    assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "DaemonSet"} <= kinds
+    assert set(webhook_timeouts(cluster, release).values()) == {10}
+
+    releases.upgrade(release, overlay, set_json={"webhook.timeoutSeconds": 7})
+    history = json.loads(helm("history", release.name, "-n", release.namespace, "-o", "json").stdout)
+    assert [(h["revision"], h["status"]) for h in history] == [(1, "superseded"), (2, "deployed")]
+    assert set(webhook_timeouts(cluster, release).values()) == {7}
+
+    if cluster.kind == "existing":  # the test pods need a node (and the CUDA one a GPU)
+        helm("test", release.name, "-n", release.namespace, "--timeout", "5m")
+
+    releases.uninstall(release)
+    assert_nothing_left(cluster, release, objects)
+    assert_pods_not_blocked(cluster)
+    cluster.kubectl("get", "crd", *NFD_CRDS)  # crds/ outlive the release (else every NodeFeatureRule went too)
+    return {"kinds": kinds}
+
+
+@pytest.mark.parametrize("overlay", overlays())
+def test_install_upgrade_uninstall_helm4(cluster: E2ECluster, releases: Releases, standin_crds, overlay: str) -> None:
+    needs = STANDINS.get(overlay)
+    if needs:
+        standin_crds(needs[0])
+    seen = lifecycle(cluster, releases, overlay, helm_major=4)
+    if needs:
+        assert needs[1] <= seen["kinds"]
+    if overlay in MIG_OVERLAYS:
+        assert "NodeFeatureRule" in seen["kinds"]
+
+
+@pytest.mark.parametrize("overlay", ["default", "mig-single-all-1g.yaml"])
+def test_install_upgrade_uninstall_helm3(cluster: E2ECluster, releases: Releases, overlay: str) -> None:
+    lifecycle(cluster, releases, overlay, helm_major=3)
+
+
+def test_second_release_reuses_the_nfd_crds(cluster: E2ECluster, releases: Releases) -> None:
+    """A cluster that already has the NFD CRDs (NFD installed, or an earlier release): Helm skips crds/."""
+    first, _ = releases.install("mig-single-all-1g.yaml", name="first")
+    created = cluster.get_json("crd", NFD_CRDS[2])["metadata"]["creationTimestamp"]
+    releases.uninstall(first)
+    second, _ = releases.install("mig-single-all-1g.yaml", name=unique("second"))
+    assert cluster.get_json("crd", NFD_CRDS[2])["metadata"]["creationTimestamp"] == created
+    cluster.kubectl("get", "nodefeaturerule", f"{second.fullname}-mig-default-config")
