@@ -29,9 +29,9 @@ Returns a YAML map: runtime, config, dropIn, socket, configSource.
 {{- toYaml $p }}
 {{- end }}
 
-{{/* Where the driver root (gpuNodes.driverRoot) is seen inside the toolkit pod: under the host root at /host. */}}
+{{/* Where the driver root (gpu-stack.driverRoot) is seen inside the toolkit pod: under the host root at /host. */}}
 {{- define "gpu-stack.toolkitDriverRootCtrPath" -}}
-{{- clean (printf "/host/%s" .Values.gpuNodes.driverRoot) }}
+{{- clean (printf "/host/%s" (include "gpu-stack.driverRoot" .)) }}
 {{- end }}
 
 {{/*
@@ -48,7 +48,7 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
 {{- define "gpu-stack.devCharSymlinksContainer" -}}
 {{- $ctk := printf "%s/toolkit/nvidia-ctk" .Values.toolkit.installDir }}
 {{- $args := list "system" "create-dev-char-symlinks" "--create-all" "--create-device-nodes" }}
-{{- if eq (clean .Values.gpuNodes.driverRoot) "/" }}{{ $args = append $args "--load-kernel-modules" }}{{ end }}
+{{- if eq (clean (include "gpu-stack.driverRoot" .)) "/" }}{{ $args = append $args "--load-kernel-modules" }}{{ end }}
 {{- $args = concat $args (list (printf "--driver-root=%s" (include "gpu-stack.toolkitDriverRootCtrPath" .)) "--dev-char-path=/host-dev-char") }}
 - name: dev-char-symlinks
   image: {{ include "gpu-stack.image" .Values.toolkit.image }}
