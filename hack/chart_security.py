@@ -44,7 +44,7 @@ ALLOWED: dict[str, str] = {
     "CKV_K8S_28": "capabilities (privileged GPU/runtime agent)",
     "CKV_K8S_37": "capabilities (privileged GPU/runtime agent)",
     "CKV_K8S_39": "capabilities (privileged GPU/runtime agent)",
-    "CKV_K8S_22": "host driver injected into the root filesystem of a container that gets GPUs",
+    "CKV_K8S_22": "host driver injected into (or, driver container, exported from) the root filesystem",
     "CKV_K8S_38": "ServiceAccount token for a pod that calls the API",
     "CKV_K8S_11": "no CPU limit",
     "CKV_K8S_15": "image pull policy (a value)",
@@ -64,11 +64,13 @@ def helm() -> str:
 
 
 def scenarios() -> dict[str, list[str]]:
-    """name -> extra `helm template` arguments: the defaults, every overlay, and the helm tests' namespace."""
+    """name -> extra `helm template` arguments: the defaults, every overlay, the helm tests' namespace (the
+    webhook denial test) and the optional driver container."""
     out = {"defaults": []}
     for overlay in sorted(EXAMPLES.glob("*.yaml")):
         out[overlay.stem] = ["-f", str(overlay)]
     out["helm-tests-namespace"] = ["--set", "webhook.helmTests.namespace=gpu-check"]
+    out["driver-container"] = ["--set", "driver.enabled=true"]
     return out
 
 
@@ -103,7 +105,7 @@ def table(binary: str) -> str:
             for _, check, reason in skips(obj):
                 rows[(label(obj), check)] = reason
     lines = ["Every check an object of the chart skips, with the reason it carries (union over the defaults, "
-             "every overlay and a helm test namespace; release `gpu-stack`).", "",
+             "every overlay, a helm test namespace and the driver container; release `gpu-stack`).", "",
              "| Object | Check | Kind of exception | Reason (the annotation's text) |", "|---|---|---|---|"]
     order = {check: i for i, check in enumerate(ALLOWED)}
     for (obj, check), reason in sorted(rows.items(), key=lambda r: (r[0][0], order.get(r[0][1], 99), r[0][1])):

@@ -21,14 +21,17 @@ security = importlib.util.module_from_spec(_spec)
 sys.modules["chart_security"] = security
 _spec.loader.exec_module(security)
 
-HELM_TEST_NS = {"webhook.helmTests.namespace": "gpu-check"}
-SCENARIOS = [*overlays(), "helm-tests-namespace"]
+EXTRA_SCENARIOS: dict[str, dict[str, Any]] = {
+    "helm-tests-namespace": {"webhook.helmTests.namespace": "gpu-check"},  # renders the webhook denial test
+    "driver-container": {"driver.enabled": True},
+}
+SCENARIOS = [*overlays(), *EXTRA_SCENARIOS]
 
 
 @cache
 def scenario_objects(name: str) -> tuple[dict[str, Any], ...]:
-    result = render(3, set_json=HELM_TEST_NS) if name == "helm-tests-namespace" else render(3, name)
-    return tuple(result.objects())
+    extra = EXTRA_SCENARIOS.get(name)
+    return tuple((render(3, set_json=extra) if extra else render(3, name)).objects())
 
 
 def workloads(objs: tuple[dict[str, Any], ...]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
@@ -59,6 +62,12 @@ def gets_gpus(container: dict[str, Any]) -> bool:
     return any(k.startswith("nvidia.com/") for k in limits) or (visible is not None and visible != "void")
 
 
+def exports_its_root(container: dict[str, Any]) -> bool:
+    """The driver container: its root filesystem becomes the host's /run/nvidia/driver (Bidirectional mount)."""
+    return any(m.get("mountPropagation") == "Bidirectional" and m["mountPath"] == "/run/nvidia"
+               for m in container.get("volumeMounts", []))
+
+
 def privileged(container: dict[str, Any]) -> bool:
     return bool((container.get("securityContext") or {}).get("privileged"))
 
@@ -87,8 +96,8 @@ def applies(check: str, obj: dict[str, Any], objs: tuple[dict[str, Any], ...]) -
         "CKV_K8S_23": any(map(privileged, cs)), "CKV_K8S_40": any(map(privileged, cs)),
         "CKV_K8S_17": bool(spec.get("hostPID")), "CKV_K8S_18": bool(spec.get("hostIPC")),
         "CKV_K8S_19": bool(spec.get("hostNetwork")), "CKV2_K8S_6": bool(spec.get("hostNetwork")),
-        "CKV_K8S_22": any(gets_gpus(c) and not (c.get("securityContext") or {}).get("readOnlyRootFilesystem")
-                          for c in cs),
+        "CKV_K8S_22": any((gets_gpus(c) or exports_its_root(c))
+                          and not (c.get("securityContext") or {}).get("readOnlyRootFilesystem") for c in cs),
         "CKV_K8S_38": spec.get("automountServiceAccountToken") is not False
         and spec.get("serviceAccountName", "default") in bound_service_accounts(objs),
         "CKV_K8S_8": is_test_pod and spec.get("restartPolicy") == "Never",
@@ -164,7 +173,7 @@ def test_every_workload_is_hardened(scenario: str) -> None:
                 problems.append(f"{where}/{c['name']}: needs cpu+memory requests and a memory limit")
             sc = c.get("securityContext") or {}
             if not privileged(c):
-                if not (sc.get("readOnlyRootFilesystem") or gets_gpus(c)):
+                if not (sc.get("readOnlyRootFilesystem") or gets_gpus(c) or exports_its_root(c)):
                     problems.append(f"{where}/{c['name']}: unprivileged, no GPUs, but a writable root filesystem")
                 if sc.get("allowPrivilegeEscalation") is not False or sc.get("capabilities", {}).get("drop") != ["ALL"]:
                     problems.append(f"{where}/{c['name']}: unprivileged but may escalate or keeps capabilities")

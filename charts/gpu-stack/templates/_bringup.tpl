@@ -44,11 +44,15 @@ An init container that waits until every marker exists. Call with
         done
         echo "{{ $dir }}/$marker is there"
       done
-  securityContext:
-    allowPrivilegeEscalation: false
-    readOnlyRootFilesystem: true
-    capabilities:
-      drop: ["ALL"]
+  env:
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
+  {{- with .root.Values.gpuNodes.helperResources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- /* Only reads the root-owned markers (0644 in a 0755 directory). */}}
+  {{- include "gpu-stack.security.restrictedContainer" (dict) | nindent 2 }}
   volumeMounts:
     - name: run-nvidia-validations
       mountPath: {{ $dir }}
@@ -105,10 +109,21 @@ Call with (dict "root" $ "config" "/runtime/config-dir.d/99-nvidia.toml").
   env:
     - name: NVIDIA_VISIBLE_DEVICES
       value: void
+  {{- with $root.Values.gpuNodes.helperResources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   readinessProbe:
     exec:
       command: ["test", "-f", {{ $marker | quote }}]
     periodSeconds: 5
+  {{- /* Alive while the marker agrees with the runtime config (written when configured). */}}
+  livenessProbe:
+    exec:
+      command: ["sh", "-c", {{ printf "! { [ -x %s ] && grep -qs %s %s; } || test -f %s" $runtime $runtime .config $marker | quote }}]
+    initialDelaySeconds: 30
+    periodSeconds: 30
+    failureThreshold: 4
   securityContext:
     runAsUser: 0
     allowPrivilegeEscalation: false

@@ -29,6 +29,9 @@ mpsHostPID: MPS control and server processes must see the client processes of ot
 migPrivileged: Repartitions GPUs - stops host GPU clients through systemd, resets GPUs, may reboot the node (upstream mig-parted k8s-mig-manager)
 migHostPID: Finds and stops the host processes using the GPUs before a MIG change (upstream mig-parted k8s-mig-manager)
 migHostIPC: Upstream mig-parted k8s-mig-manager runs with hostIPC to reach the host GPU clients it stops
+driverPrivileged: Builds and loads the NVIDIA kernel modules (insmod, mknod) and mounts the driver root on the host (upstream GPU Operator driver container)
+driverHostPID: Upstream GPU Operator v26.7.0 runs the driver container with hostPID (assets/state-driver/0500_daemonset.yaml) - it unloads and reloads kernel modules that host processes may hold
+driverRootfs: Installs the driver into its own root filesystem and shares it with the host as /run/nvidia/driver (nvidia-driver init)
 dcgmPrivileged: Reads every GPU through NVML while unprivileged NVIDIA_VISIBLE_DEVICES is ignored, plus the DCGM profiling counters (SYS_ADMIN); GPU Operator runs it privileged
 tokenConfigManager: Only where needed - the pod has no automatic token; a projected token is mounted into the config-manager containers, which read the node label
 tokenApi: Calls the Kubernetes API (its RBAC is in the chart README); the token is what it authenticates with

@@ -65,7 +65,7 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
   env:
     - name: NVIDIA_VISIBLE_DEVICES
       value: void
-  {{- with .Values.toolkit.devCharSymlinksResources }}
+  {{- with .Values.gpuNodes.helperResources }}
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
