@@ -312,9 +312,9 @@ def test_webhook_configurations() -> None:
 def test_validating_rules_cover_what_the_recorded_apiserver_sent() -> None:
     """Every (group, resource, CREATE/UPDATE) the real apiserver was registered for (shared fixtures) is
     covered by the validating webhook (DELETE is not judged)."""
-    path = ROOT.parent / "shared/fixtures/apiserver-v1.36/admission-requests/webhook-configurations.json"
+    path = ROOT / "tests/fixtures/apiserver-v1.36/admission-requests/webhook-configurations.json"
     if not path.exists():
-        pytest.skip(f"shared fixtures absent: {path}")
+        pytest.skip(f"recorded fixture absent: {path} (tests/fixtures/README.md)")
     recorded = json.loads(path.read_text())
     (vwc,) = [i for i in recorded["items"] if i["kind"] == "ValidatingWebhookConfiguration"]
     wanted = {r for r in _rules(vwc["webhooks"][0]) if r[2] != "DELETE"} - {("", "pods/ephemeralcontainers", "CREATE")}
