@@ -146,7 +146,7 @@ def test_the_toolkit_pod_writes_its_marker_while_the_runtime_is_configured(tmp_p
         runtime.write_text("#!/bin/sh\n")
         runtime.chmod(0o755)
         cfg.write_text('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
-                       f'BinaryName = "{install_dir}/toolkit/nvidia-container-runtime"\n'.replace(install_dir, str(tmp_path)))
+                       f'BinaryName = "{runtime}"\n')
         wait_until(marker.exists, "the marker once the runtime config names the runtime")
         cfg.write_text("# reverted by the installer on shutdown\n")
         wait_until(lambda: not marker.exists(), "the marker is removed once the config is reverted")
@@ -194,7 +194,8 @@ def test_driver_probe_writes_driver_ready_after_nvidia_smi_and_prestop_removes_i
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def run(script: str) -> int:
-        script = script.replace(MARKERS, str(tmp_path / "validations")).replace("/sys/module/nvidia/refcnt", str(refcnt))
+        script = script.replace(MARKERS, str(tmp_path / "validations"))
+        script = script.replace("/sys/module/nvidia/refcnt", str(refcnt))
         return subprocess.run(["sh", "-c", script], env=env, check=False, capture_output=True).returncode
 
     marker = tmp_path / "validations" / "driver-ready"
@@ -208,7 +209,8 @@ def test_driver_probe_writes_driver_ready_after_nvidia_smi_and_prestop_removes_i
 
 def test_the_driver_root_is_wired_through_toolkit_device_plugin_gfd_and_dcgm() -> None:
     sets = daemonsets(values=DRIVER)
-    toolkit_env = {e["name"]: e.get("value") for e in container(sets["container-toolkit"], "nvidia-container-toolkit")["env"]}
+    toolkit = container(sets["container-toolkit"], "nvidia-container-toolkit")
+    toolkit_env = {e["name"]: e.get("value") for e in toolkit["env"]}
     assert toolkit_env["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
     assert toolkit_env["DRIVER_ROOT_CTR_PATH"] == "/host/run/nvidia/driver"
     host_root = next(m for m in container(sets["container-toolkit"], "nvidia-container-toolkit")["volumeMounts"]
@@ -246,4 +248,4 @@ def test_helm_test_and_notes_show_the_order() -> None:
     assert f"1. driver: {FULLNAME}-driver -> writes driver-ready" in notes
     assert f"2. container toolkit: {FULLNAME}-container-toolkit -> writes toolkit-ready" in notes
     assert f"3. GPU agents: {FULLNAME}-device-plugin, {FULLNAME}-gpu-feature-discovery" in notes
-    assert f"-c toolkit-validation" in notes
+    assert "-c toolkit-validation" in notes

@@ -45,6 +45,7 @@ CONTEXTS: dict[str, dict[str, Any]] = {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
     "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},
     "gpuNodes.runtimeClassExists": {"toolkit": {"enabled": False}, "gpuNodes": {"runtimeClassExists": True}},
+    "driver": {"driver": {"enabled": True}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {
