@@ -70,6 +70,8 @@ class Cluster:
     kubectl: str
     helm: str | None  # Helm 4 from the assets; None when not known (existing cluster without assets)
     server: str = ""
+    pids: tuple[int, ...] = ()  # the processes started for it (envtest), all gone after stop()
+    workdir: Path | None = None  # its temp dir (envtest), removed by stop()
 
 
 def _complete(directory: Path, names: tuple[str, ...] = ASSET_BINARIES) -> list[str]:
@@ -251,7 +253,8 @@ class ControlPlane:
                    PLANE_BINARIES)
         kubectl = self.assets / "kubectl"
         helm = self.assets / "helm"
-        return Cluster(kind="envtest", kubeconfig=kubeconfig, server=server,
+        return Cluster(kind="envtest", kubeconfig=kubeconfig, server=server, workdir=self.workdir,
+                       pids=tuple(p.pid for p in self.procs.values()),
                        kubectl=str(kubectl) if kubectl.exists() else (shutil.which("kubectl") or "kubectl"),
                        helm=str(helm) if helm.exists() else None)
 

@@ -27,6 +27,10 @@ Upstream facts used here (each cited where it is asserted):
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,3 +230,26 @@ def test_toolkit_env_is_what_the_installer_reads_without_aliases(overlay: str) -
     # installer reads first does the job for every runtime preset.
     legacy = [n for n in names if n in FLAG_OF and FLAG_OF[n][0] != n and n.startswith(("CONTAINERD_", "DOCKER_"))]
     assert legacy == []
+
+
+def test_dev_char_symlinks_script_runs_the_creator_then_idles_until_terminated(tmp_path: Path) -> None:
+    """The rendered script under sh, with a stand-in nvidia-ctk: called once with the flags, then the
+    container idles and exits 0 on SIGTERM (pod deletion)."""
+    script = container(daemonset(objs(), TOOLKIT), "dev-char-symlinks")["args"][0]
+    calls = tmp_path / "calls"
+    fake = tmp_path / "nvidia-ctk"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    proc = subprocess.Popen(["sh", "-c", script.replace("/usr/local/nvidia/toolkit/nvidia-ctk", str(fake))])
+    try:
+        for _ in range(600):
+            if calls.exists() and proc.poll() is None:
+                break
+            time.sleep(0.05)
+        assert calls.read_text().split()[:2] == ["system", "create-dev-char-symlinks"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(calls.read_text().splitlines()) == 1

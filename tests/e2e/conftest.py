@@ -55,6 +55,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
             yield E2ECluster.from_controlplane(running, tmp_path_factory.mktemp("helm-home"))
     except controlplane.ControlPlaneError as exc:
         pytest.exit(f"e2e: {exc}", returncode=2)
+    # A run leaves nothing behind: every process of the plane stopped, its temp dir removed.
+    alive = [pid for pid in running.pids if _alive(pid)]
+    assert alive == [], f"control-plane processes still running: {alive}"
+    assert running.workdir is None or not running.workdir.exists(), f"{running.workdir} left behind"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture

@@ -122,3 +122,30 @@ def test_rbac_denial_is_a_clear_error(cluster: E2ECluster, releases: Releases, t
     assert last.startswith("gpu-stack-webhook: self-managed TLS: cannot set up"), proc.stderr
     assert "403" in last or "forbidden" in last.lower(), last
     assert f"system:serviceaccount:{release.namespace}:default" in proc.stderr, proc.stderr
+
+
+def test_rotation_with_a_shortened_lifetime(cluster: E2ECluster, releases: Releases, tmp_path: Path) -> None:
+    """Serving certificates of 60 s, renewed with 50 s left, checked every second: the webhook serves a
+    new certificate from the same CA without restarting, and the Secret follows."""
+    release, _ = releases.install()
+    name = f"{release.fullname}-webhook"
+    kubeconfig = token_kubeconfig(cluster, release.namespace, name, tmp_path / "sa.kubeconfig")
+    hook = LiveWebhook(cluster, tmp_path / "rotating")
+    try:
+        hook.start_self_managed(release, kubeconfig, ["--cert-validity", "60s", "--cert-renew-before", "50s",
+                                                      "--tls-check-interval", "1s"])
+        first = secret(cluster, release)["decoded"]
+        hostname = f"{name}.{release.namespace}.svc"
+        assert served_certificate(hook.port, first["ca.crt"], hostname) == first["tls.crt"]
+        deadline = time.monotonic() + 90
+        while (now := secret(cluster, release)["decoded"])["tls.crt"] == first["tls.crt"]:
+            assert time.monotonic() < deadline, "the serving certificate was never renewed\n" + hook.log()
+            time.sleep(1)
+        assert now["ca.crt"] == first["ca.crt"]
+        deadline = time.monotonic() + 30  # workers switch at the next TLS handshake once the files change
+        while served_certificate(hook.port, now["ca.crt"], hostname) == first["tls.crt"]:
+            assert time.monotonic() < deadline, "the new certificate is not served"
+            time.sleep(0.5)
+        assert hook.process is not None and hook.process.poll() is None  # no restart
+    finally:
+        hook.stop()

@@ -60,7 +60,7 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
         echo "waiting for the toolkit to install {{ $ctk }} ..."
         sleep 5
       done
-      trap 'exit 0' TERM
+      trap 'kill $! 2>/dev/null; exit 0' TERM
       while true; do sleep 3600 & wait $!; done
   env:
     - name: NVIDIA_VISIBLE_DEVICES

@@ -1,0 +1,111 @@
+"""Upgrades on a real API server: a new chart version rolls no pod; a config change rolls its consumers only.
+
+The API server bumps a workload's metadata.generation exactly when its spec changes, and the
+DaemonSet/Deployment controllers roll pods exactly when spec.template changes, so generation and the
+stored template are what a user's nodes would see. Also: the RuntimeClass lookup in validate.yaml
+against the live API server.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .e2elib import CHART, E2ECluster, Releases, overlays, unique, values_args
+
+WORKLOAD_KINDS = ("daemonsets", "deployments")
+# The NFD CRDs are kept on uninstall (helm.sh/resource-policy: keep), so a later release in another
+# namespace could not adopt them; these tests need no NFD custom resources.
+NO_CRDS = {"nfd.installCRDs": False}
+
+
+def next_version_of_chart(tmp_path: Path) -> Path:
+    """The same chart as the next release would ship it: only Chart.yaml's version differs."""
+    chart = tmp_path / "gpu-stack"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    major, minor, _ = str(meta["version"]).split(".", 2)
+    meta["version"] = f"{major}.{int(minor) + 1}.0"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return chart
+
+
+def workloads(cluster: E2ECluster, namespace: str) -> dict[str, tuple[int, str]]:
+    """kind/name -> (metadata.generation, spec.template as stored by the API server)."""
+    out = {}
+    for kind in WORKLOAD_KINDS:
+        for item in cluster.get_json(kind, "-n", namespace)["items"]:
+            template: dict[str, Any] = item["spec"]["template"]
+            out[f'{kind}/{item["metadata"]["name"]}'] = (item["metadata"]["generation"],
+                                                          json.dumps(template, sort_keys=True))
+    return out
+
+
+def changed(before: dict[str, tuple[int, str]], after: dict[str, tuple[int, str]]) -> set[str]:
+    assert before.keys() == after.keys()
+    moved = {k for k in before if before[k][0] != after[k][0]}
+    # The stored template changed exactly where the generation moved.
+    assert moved == {k for k in before if before[k][1] != after[k][1]}
+    return moved
+
+
+# Overlays whose objects need CRDs a bare API server does not serve.
+NEEDS_CRDS = {"webhook-cert-manager.yaml": "cert-manager", "monitoring-prometheus-operator.yaml": "ServiceMonitor"}
+# The MIG overlays' default-layout NodeFeatureRule needs the NFD CRDs (kept out, see NO_CRDS).
+NO_NFD_RULE = {"migManager.defaultConfig": ""}
+
+
+@pytest.mark.parametrize(("overlay", "helm_major"),
+                         [*((o, 4) for o in overlays() if o not in NEEDS_CRDS), ("mps-x10.yaml", 3)])
+def test_new_chart_version_rolls_no_pod(cluster: E2ECluster, releases: Releases, tmp_path: Path,
+                                        overlay: str, helm_major: int) -> None:
+    base = {**NO_CRDS, **(NO_NFD_RULE if overlay.startswith("mig-") else {})}
+    release, _ = releases.install(overlay, helm_major=helm_major, set_json=base)
+    before = workloads(cluster, release.namespace)
+    assert len(before) >= 5
+    helm = releases.helm_for(helm_major)
+    chart = next_version_of_chart(tmp_path)
+    helm("upgrade", release.name, str(chart), "-n", release.namespace,
+         *values_args(overlay, set_json={**base, "webhook.timeoutSeconds": 7}))
+    history = json.loads(helm("history", release.name, "-n", release.namespace, "-o", "json").stdout)
+    new_version = yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
+    assert history[-1]["chart"] == f"gpu-stack-{new_version}"
+    assert changed(before, workloads(cluster, release.namespace)) == set()
+
+
+def test_config_change_rolls_only_its_consumers(cluster: E2ECluster, releases: Releases) -> None:
+    release, _ = releases.install(set_json=NO_CRDS)
+    before = workloads(cluster, release.namespace)
+    sharing = {"default": {}, "ts": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+    releases.upgrade(release, set_json={**NO_CRDS, "sharing.configs": sharing})
+    after = workloads(cluster, release.namespace)
+    fullname = release.fullname
+    assert changed(before, after) == {f"daemonsets/{fullname}-device-plugin",
+                                      f"daemonsets/{fullname}-gpu-feature-discovery",
+                                      f"deployments/{fullname}-webhook"}
+    releases.upgrade(release, set_json={**NO_CRDS, "sharing.configs": sharing, "nfd.worker.sleepInterval": "120s"})
+    assert changed(after, workloads(cluster, release.namespace)) == {f"daemonsets/{fullname}-nfd-worker"}
+
+
+def test_missing_runtime_class_is_refused_at_install(cluster: E2ECluster, releases: Releases) -> None:
+    runtime_class = unique("nvidia-e2e")
+    values = {**NO_CRDS, "toolkit.enabled": False, "gpuNodes.runtimeClassName": runtime_class}
+    _, proc = releases.install(set_json=values, check=False)
+    assert proc.returncode != 0
+    assert (f'gpu-stack: gpuNodes.runtimeClassName is "{runtime_class}", but the chart does not create that '
+            "RuntimeClass (toolkit.enabled=false) and the cluster serves none") in proc.stderr, proc.stderr
+    rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": runtime_class},
+          "handler": "nvidia"}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(rc))
+    try:
+        release, _ = releases.install(set_json=values, name=unique("gpu-stack"))
+        [ds] = [d for d in cluster.get_json("daemonsets", "-n", release.namespace)["items"]
+                if d["metadata"]["name"].endswith("-device-plugin")]
+        assert ds["spec"]["template"]["spec"]["runtimeClassName"] == runtime_class
+    finally:
+        cluster.kubectl("delete", "runtimeclass", runtime_class, "--ignore-not-found")
