@@ -145,9 +145,8 @@ def test_the_toolkit_pod_writes_its_marker_while_the_runtime_is_configured(tmp_p
         wait_until(lambda: not marker.exists(), "the stale marker is removed at start")
         runtime.write_text("#!/bin/sh\n")
         runtime.chmod(0o755)
-        binary = f"{install_dir}/toolkit/nvidia-container-runtime".replace(install_dir, str(tmp_path))
         cfg.write_text('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
-                       f'BinaryName = "{binary}"\n')
+                       f'BinaryName = "{runtime}"\n')
         wait_until(marker.exists, "the marker once the runtime config names the runtime")
         cfg.write_text("# reverted by the installer on shutdown\n")
         wait_until(lambda: not marker.exists(), "the marker is removed once the config is reverted")

@@ -25,8 +25,8 @@ CASES = [
     pytest.param(
         "mig-single-all-1g.yaml", ["--skip-crds"],
         "gpu-stack: this cluster serves no nfd.k8s-sigs.io/v1alpha1 NodeFeatureRule, which nfd.enabled and "
-        "migManager.defaultConfig need (and the chart's rule that sets nvidia.com/gpu.present): "
-        "install without --skip-crds (the chart's crds/ holds the NFD CRDs), or "
+        "migManager.defaultConfig need (and the chart's rule that sets nvidia.com/gpu.present): install "
+        "without --skip-crds (the chart's crds/ holds the NFD CRDs), or "
         "apply them first with kubectl apply --server-side -f charts/gpu-stack/crds/",
         id="nfd-crds-skipped"),
 ]

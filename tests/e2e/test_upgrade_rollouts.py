@@ -19,9 +19,9 @@ import yaml
 from .e2elib import CHART, E2ECluster, Releases, overlays, unique, values_args
 
 WORKLOAD_KINDS = ("daemonsets", "deployments")
-# The NFD CRDs are kept on uninstall (helm.sh/resource-policy: keep), so a later release in another
-# namespace could not adopt them; these tests need no NFD custom resources.
-NO_CRDS = {"nfd.installCRDs": False}
+# The NFD CRDs now live in crds/ (Helm creates them when missing, skips them when present), so no value
+# turns them off any more (nfd.installCRDs is refused); nothing to set.
+NO_CRDS: dict[str, Any] = {}
 
 
 def next_version_of_chart(tmp_path: Path) -> Path:
