@@ -32,9 +32,12 @@ e2e: $(STAMP) helm
 	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
-lint: $(STAMP)
+# ruff and mypy; then checkov (its own tool venv under .tools/checkov, hack/ensure-checkov.sh) on the chart
+# rendered with the defaults and every overlay: fails on any failed check or undeclared exception.
+lint: $(STAMP) helm
 	$(VENV)/bin/ruff check webhook tests hack bench
 	$(VENV)/bin/mypy
+	$(PY) hack/chart-scan.py
 
 # The demo on a real control plane when one is at hand (hack/demo_live.py: chart installed, real kubectl),
 # else offline (hack/demo.py); its first line says which.

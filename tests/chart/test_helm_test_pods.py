@@ -16,7 +16,7 @@ from .test_webhook import POLICY_CM
 
 
 def _policy_and_pods() -> tuple[Policy, dict[str, Any], dict[str, Any]]:
-    objs = render(3).objects()
+    objs = render(3, set_json={"webhook.helmTests.namespace": "gpu-check"}).objects()
     policy = Policy(parse_config(yaml.safe_load(one(objs, "ConfigMap", POLICY_CM)["data"]["policy.yaml"])))
     tester = one(objs, "Pod", f"{FULLNAME}-test-webhook")
     env = {e["name"]: e["value"] for e in tester["spec"]["containers"][0]["env"]}

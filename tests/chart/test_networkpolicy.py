@@ -1,6 +1,6 @@
-"""The webhook's optional NetworkPolicy: off by default; ingress only to TCP 8443 of the webhook pods, from
-anywhere unless `webhook.networkPolicy.from` names peers; egress never restricted (self-managed TLS and
-lookups need the apiserver)."""
+"""The webhook's NetworkPolicy: on by default (scanners want one per pod); ingress only to TCP 8443 of the
+webhook pods, from anywhere unless `webhook.networkPolicy.from` names peers; egress never restricted
+(self-managed TLS and lookups need the apiserver)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from .chartlib import FULLNAME, find, one, render
 WEBHOOK = f"{FULLNAME}-webhook"
 
 
-def test_off_by_default() -> None:
-    assert not find(render(3).objects(), "NetworkPolicy")
+def test_on_by_default_and_can_be_turned_off() -> None:
+    assert one(render(3).objects(), "NetworkPolicy", WEBHOOK)
+    assert not find(render(3, set_json={"webhook.networkPolicy.enabled": False}).objects(), "NetworkPolicy", WEBHOOK)
 
 
 def test_ingress_to_8443_only_and_no_egress_rules() -> None:
-    objs = render(3, set_json={"webhook.networkPolicy.enabled": True}).objects()
+    objs = render(3).objects()
     policy = one(objs, "NetworkPolicy", WEBHOOK)["spec"]
     pod_labels = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels[k] == v for k, v in policy["podSelector"]["matchLabels"].items())

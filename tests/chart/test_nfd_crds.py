@@ -77,11 +77,12 @@ def test_crds_are_valid_kubernetes_objects(name: str) -> None:
     kubernetes_validate.validate(crds()[name], "1.37", strict=True)
 
 
-@pytest.mark.parametrize("overlay", ["mig-single-all-1g.5gb.yaml", "mig-mixed-all-balanced.yaml"])
+@pytest.mark.parametrize("overlay", ["mig-single-all-1g.yaml", "mig-mixed-all-balanced.yaml"])
 def test_chart_nodefeaturerule_matches_the_crd_schema(overlay: str) -> None:
     rules = [o for o in render(4, overlay).objects() if o["kind"] == "NodeFeatureRule"]
-    assert len(rules) == 1
-    jsonschema.validate(rules[0], schema("nodefeaturerules.nfd.k8s-sigs.io"))
+    assert len(rules) == 2  # nvidia.com/gpu.present and the default MIG layout
+    for rule in rules:
+        jsonschema.validate(rule, schema("nodefeaturerules.nfd.k8s-sigs.io"))
 
 
 def test_schema_check_above_can_fail() -> None:
@@ -95,10 +96,10 @@ def test_schema_check_above_can_fail() -> None:
 def test_crds_are_not_templates() -> None:
     """Helm creates crds/ before rendering and never deletes them; a template CRD would be created
     after (or with) the NodeFeatureRule that needs it, and owned by one release."""
-    manifest = run_helm(4, [*template_args("mig-single-all-1g.5gb.yaml"), "--include-crds"])
+    manifest = run_helm(4, [*template_args("mig-single-all-1g.yaml"), "--include-crds"])
     kinds = [d["kind"] for d in yaml.safe_load_all(manifest.stdout) if d]
     assert kinds.count("CustomResourceDefinition") == 3
-    assert "CustomResourceDefinition" not in [o["kind"] for o in render(4, "mig-single-all-1g.5gb.yaml").objects()]
+    assert "CustomResourceDefinition" not in [o["kind"] for o in render(4, "mig-single-all-1g.yaml").objects()]
 
 
 def test_removed_install_crds_value_explains_itself() -> None:

@@ -85,7 +85,8 @@ def test_nondeterministic_call_detector() -> None:
 
 
 # validate.yaml renders no object, so what it looks up can only stop an install, never change a manifest:
-# its cluster-prerequisite checks `lookup` whether Helm talks to a cluster at all (and the NFD CRD).
+# its cluster-prerequisite checks `lookup` whether Helm talks to a cluster at all (and the NFD CRD), and
+# whether the RuntimeClass the GPU agents need is served.
 ALLOWED_CALLS = {("validate.yaml", "lookup")}
 
 

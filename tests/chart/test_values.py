@@ -43,10 +43,13 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "webhook.networkPolicy.from": {"webhook": {"networkPolicy": {"enabled": True}}},
     "webhook.validation.celActions": {"webhook": {"validation": {"mode": "both"}, "cel": {"assumeServed": True}}},
     "webhook.cel.assumeServed": {"webhook": {"validation": {"mode": "both"}, "cel": {"assumeServed": True}}},
+    # The denial test (and its kubectl image) is rendered only with a namespace the webhook covers.
+    "webhook.helmTests.kubectlImage": {"webhook": {"helmTests": {"namespace": "gpu-check"}}},
     "mpsControlDaemon": {"sharing": {"configs": {"mps-x4": {"mps": {
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}},
     "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},
     "gpuNodes.runtimeClassExists": {"toolkit": {"enabled": False}, "gpuNodes": {"runtimeClassExists": True}},
+    "driver": {"driver": {"enabled": True}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {

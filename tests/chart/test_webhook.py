@@ -419,8 +419,19 @@ def _hooks(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objs if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
 
 
-def test_helm_test_hooks() -> None:
+def test_helm_tests_stay_in_the_release_namespace_by_default() -> None:
+    """Without webhook.helmTests.namespace nothing of the chart lands in `default`: the CUDA sample runs in the
+    release namespace, and the denial test, which needs a namespace the webhook covers, is not rendered."""
     objs = objects()
+    assert {o["metadata"].get("namespace", NAMESPACE) for o in objs} == {NAMESPACE}
+    pods = {p["metadata"]["name"]: p for p in _hooks(objs) if p["kind"] == "Pod"}
+    assert f"{FULLNAME}-test-cuda" in pods and f"{FULLNAME}-test-webhook" not in pods
+    assert {p["metadata"]["namespace"] for p in pods.values()} == {NAMESPACE}
+    assert not find(objs, "Role", f"{FULLNAME}-test-webhook")
+
+
+def test_helm_test_hooks() -> None:
+    objs = render(3, set_json={"webhook.helmTests.namespace": "gpu-check"}).objects()
     hooks = _hooks(objs)
     pods = {p["metadata"]["name"]: p for p in hooks if p["kind"] == "Pod"}
     deny = pods[f"{FULLNAME}-test-webhook"]
@@ -432,16 +443,16 @@ def test_helm_test_hooks() -> None:
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in json.loads(env["DENIED_POD_OVERRIDES"])["spec"][
         "containers"][0]["env"]
     # The release namespace is exempt, so the denial is tried in one the webhook covers.
-    assert env["TEST_NAMESPACE"] == "default"
+    assert env["TEST_NAMESPACE"] == "gpu-check"
     assert env["TEST_NAMESPACE"] not in policy_of(objs)["exemptNamespaces"]
     role = one(hooks, "Role", f"{FULLNAME}-test-webhook")
-    assert role["metadata"]["namespace"] == "default"
+    assert role["metadata"]["namespace"] == "gpu-check"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
     binding = one(hooks, "RoleBinding", f"{FULLNAME}-test-webhook")
     assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": deny["spec"]["serviceAccountName"],
                                       "namespace": NAMESPACE}
     assert cuda["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
-    assert cuda["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert cuda["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert cuda["spec"]["restartPolicy"] == "Never"
     # Helm creates test hooks by ascending weight: RBAC before the pod that needs it.
     weight = {(h["kind"], h["metadata"]["name"]): int(h["metadata"]["annotations"]["helm.sh/hook-weight"])

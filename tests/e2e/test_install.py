@@ -23,7 +23,7 @@ STANDINS = {
     "monitoring-prometheus-operator.yaml": ("prometheus-operator-standin.yaml", {"ServiceMonitor"}),
     "webhook-cert-manager.yaml": ("cert-manager-standin.yaml", {"Certificate", "Issuer"}),
 }
-MIG_OVERLAYS = {"mig-single-all-1g.5gb.yaml", "mig-mixed-all-balanced.yaml"}
+MIG_OVERLAYS = {"mig-single-all-1g.yaml", "mig-mixed-all-balanced.yaml"}
 # Pods, ReplicaSets, ... are made by controllers, not Helm, and go away through the garbage collector.
 CONTROLLER_MADE = "pods,replicasets,controllerrevisions,jobs"
 
@@ -134,16 +134,16 @@ def test_install_upgrade_uninstall_helm4(cluster: E2ECluster, releases: Releases
         assert "NodeFeatureRule" in seen["kinds"]
 
 
-@pytest.mark.parametrize("overlay", ["default", "mig-single-all-1g.5gb.yaml"])
+@pytest.mark.parametrize("overlay", ["default", "mig-single-all-1g.yaml"])
 def test_install_upgrade_uninstall_helm3(cluster: E2ECluster, releases: Releases, overlay: str) -> None:
     lifecycle(cluster, releases, overlay, helm_major=3)
 
 
 def test_second_release_reuses_the_nfd_crds(cluster: E2ECluster, releases: Releases) -> None:
     """A cluster that already has the NFD CRDs (NFD installed, or an earlier release): Helm skips crds/."""
-    first, _ = releases.install("mig-single-all-1g.5gb.yaml", name="first")
+    first, _ = releases.install("mig-single-all-1g.yaml", name="first")
     created = cluster.get_json("crd", NFD_CRDS[2])["metadata"]["creationTimestamp"]
     releases.uninstall(first)
-    second, _ = releases.install("mig-single-all-1g.5gb.yaml", name=unique("second"))
+    second, _ = releases.install("mig-single-all-1g.yaml", name=unique("second"))
     assert cluster.get_json("crd", NFD_CRDS[2])["metadata"]["creationTimestamp"] == created
     cluster.kubectl("get", "nodefeaturerule", f"{second.fullname}-mig-default-config")

@@ -23,9 +23,10 @@ CASES = [
         "the webhook keeps its own CA and certificate, nothing else to install)",
         id="cert-manager-crds-missing"),
     pytest.param(
-        "mig-single-all-1g.5gb.yaml", ["--skip-crds"],
+        "mig-single-all-1g.yaml", ["--skip-crds"],
         "gpu-stack: this cluster serves no nfd.k8s-sigs.io/v1alpha1 NodeFeatureRule, which nfd.enabled and "
-        "migManager.defaultConfig need: install without --skip-crds (the chart's crds/ holds the NFD CRDs), or "
+        "migManager.defaultConfig need (and the chart's rule that sets nvidia.com/gpu.present): install "
+        "without --skip-crds (the chart's crds/ holds the NFD CRDs), or "
         "apply them first with kubectl apply --server-side -f charts/gpu-stack/crds/",
         id="nfd-crds-skipped"),
 ]

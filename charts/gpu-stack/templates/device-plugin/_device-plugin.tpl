@@ -67,20 +67,38 @@ Call with (dict "root" $ "name" "x" "oneshot" true|false "process" "binary-to-si
       value: {{ ternary "" "1" .oneshot | quote }}
     - name: PROCESS_TO_SIGNAL
       value: {{ ternary "" .process .oneshot | quote }}
+    # Needs no GPU: without this the image's NVIDIA_VISIBLE_DEVICES=all would make the NVIDIA
+    # runtime inject the driver, which cannot write into a read-only root filesystem.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
   {{- with $root.Values.devicePlugin.configManagerResources }}
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  securityContext:
-    allowPrivilegeEscalation: false
-    capabilities:
-      drop: ["ALL"]
+  {{- if not .oneshot }}
+  {{- /* Alive and ready while the selected config file is in place (config-manager keeps the
+  /config/config.yaml symlink pointing into /available-configs; a dangling link fails `test -e`). */}}
+  livenessProbe:
+    exec:
+      command: ["sh", "-c", "test -e /config/config.yaml"]
+    periodSeconds: 30
+    timeoutSeconds: 5
+    failureThreshold: 4
+  readinessProbe:
+    exec:
+      command: ["sh", "-c", "test -e /config/config.yaml"]
+    periodSeconds: 10
+    timeoutSeconds: 5
+  {{- end }}
+  {{- /* The sidecar SIGHUPs the root main process, which only root may do; the init container runs as 65532. */}}
+  {{- include "gpu-stack.security.restrictedContainer" (dict "uid" (ternary 65532 0 .oneshot)) | nindent 2 }}
   volumeMounts:
     - name: available-configs
       mountPath: /available-configs
       readOnly: true
     - name: config
       mountPath: /config
+    {{- include "gpu-stack.security.apiTokenMount" . | nindent 4 }}
 {{- end }}
 
 {{/* The two config volumes of the config-manager arrangement. */}}
@@ -90,4 +108,5 @@ Call with (dict "root" $ "name" "x" "oneshot" true|false "process" "binary-to-si
     name: {{ include "gpu-stack.devicePluginConfigMapName" . }}
 - name: config
   emptyDir: {}
+{{ include "gpu-stack.security.apiTokenVolume" . }}
 {{- end }}

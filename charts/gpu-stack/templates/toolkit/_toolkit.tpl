@@ -29,9 +29,9 @@ Returns a YAML map: runtime, config, dropIn, socket, configSource.
 {{- toYaml $p }}
 {{- end }}
 
-{{/* Where the driver root (gpuNodes.driverRoot) is seen inside the toolkit pod: under the host root at /host. */}}
+{{/* Where the driver root (gpu-stack.driverRoot) is seen inside the toolkit pod: under the host root at /host. */}}
 {{- define "gpu-stack.toolkitDriverRootCtrPath" -}}
-{{- clean (printf "/host/%s" .Values.gpuNodes.driverRoot) }}
+{{- clean (printf "/host/%s" (include "gpu-stack.driverRoot" .)) }}
 {{- end }}
 
 {{/*
@@ -48,7 +48,7 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
 {{- define "gpu-stack.devCharSymlinksContainer" -}}
 {{- $ctk := printf "%s/toolkit/nvidia-ctk" .Values.toolkit.installDir }}
 {{- $args := list "system" "create-dev-char-symlinks" "--create-all" "--create-device-nodes" }}
-{{- if eq (clean .Values.gpuNodes.driverRoot) "/" }}{{ $args = append $args "--load-kernel-modules" }}{{ end }}
+{{- if eq (clean (include "gpu-stack.driverRoot" .)) "/" }}{{ $args = append $args "--load-kernel-modules" }}{{ end }}
 {{- $args = concat $args (list (printf "--driver-root=%s" (include "gpu-stack.toolkitDriverRootCtrPath" .)) "--dev-char-path=/host-dev-char") }}
 - name: dev-char-symlinks
   image: {{ include "gpu-stack.image" .Values.toolkit.image }}
@@ -65,10 +65,30 @@ idles (a DaemonSet container must keep running); it runs again whenever the pod 
   env:
     - name: NVIDIA_VISIBLE_DEVICES
       value: void
+  {{- with .Values.gpuNodes.helperResources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- /* Ready and alive while the link to the NVIDIA control device (char 195:255, nvidiactl) is there. */}}
+  livenessProbe:
+    exec:
+      command: ["sh", "-c", "test -L /host-dev-char/195:255"]
+    initialDelaySeconds: 60
+    periodSeconds: 60
+    timeoutSeconds: 5
+    failureThreshold: 5
+  readinessProbe:
+    exec:
+      command: ["sh", "-c", "test -L /host-dev-char/195:255"]
+    periodSeconds: 10
+    timeoutSeconds: 5
   securityContext:
     # mknod of the control device nodes, modprobe through the host root, writes to /dev/char.
     privileged: true
+    readOnlyRootFilesystem: true
   volumeMounts:
+    - name: tmp
+      mountPath: /tmp
     - name: host-root
       mountPath: /host
       readOnly: true

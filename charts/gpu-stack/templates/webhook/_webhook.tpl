@@ -89,16 +89,12 @@ annotations:
 {{- end }}
 
 {{/*
-Namespace for the helm tests: webhook.helmTests.namespace, else "default" when the webhook covers it,
-else empty (the denial test is then skipped; validate.yaml rejects an explicit exempt namespace).
+Namespace for the helm tests: webhook.helmTests.namespace (validate.yaml rejects an exempt one), else
+empty: then every test object stays in the release namespace, which the webhook exempts, so the
+denial test is skipped (nothing of the chart goes to "default").
 */}}
 {{- define "gpu-stack.webhook.testNamespace" -}}
-{{- $exempt := include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray }}
-{{- if .Values.webhook.helmTests.namespace }}
 {{- .Values.webhook.helmTests.namespace }}
-{{- else if not (has "default" $exempt) }}
-{{- "default" }}
-{{- end }}
 {{- end }}
 
 {{/*
