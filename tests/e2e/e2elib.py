@@ -168,10 +168,12 @@ class Releases:
                 extra: Sequence[str] = (), check: bool = True) -> tuple[Release, subprocess.CompletedProcess[str]]:
         release = Release(name, namespace or unique("gpu-stack"), helm_major)
         self.namespaces.append(release.namespace)
+        # Recorded before helm runs: a failed install leaves a release record and cluster-scoped objects
+        # (ClusterRoles, policies) that only `helm uninstall` removes, not the namespace's deletion.
+        self.installed.append(release)
         proc = self.helm_for(helm_major)(
             "install", release.name, str(CHART), "-n", release.namespace, "--create-namespace",
             *values_args(overlay, values, set_json), *extra, check=check)
-        self.installed.append(release)  # a failed install can still leave a release record behind
         return release, proc
 
     def upgrade(self, release: Release, overlay: str | None = None, *, values: Iterable[str] = (),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
 from .e2elib import ROOT, E2ECluster, Releases
@@ -70,6 +72,27 @@ def _wait_enforced(cluster: E2ECluster, namespace: str, timeout: float = 60) -> 
                                                      input=json.dumps(probe), check=False)).stderr:
         assert time.monotonic() < deadline, f"the policies are not enforced: {proc.stderr}"
         time.sleep(0.5)
+
+
+def _wait_not_enforced(cluster: E2ECluster, timeout: float = 60) -> None:
+    """After uninstall the API server's policy informers drop the bindings, not at once: a release installed
+    meanwhile in another namespace would still be judged by a binding that excluded only the old one."""
+    namespace = cluster.create_namespace()
+    deadline = time.monotonic() + timeout
+    probe = _pod("probe", ENV)
+    while "ValidatingAdmissionPolicy" in (proc := cluster.kubectl("create", "--dry-run=server", "-n", namespace,
+                                                                    "-f", "-", input=json.dumps(probe),
+                                                                    check=False)).stderr:
+        assert time.monotonic() < deadline, f"the policies are still enforced after uninstall: {proc.stderr}"
+        time.sleep(0.5)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def policies_gone_after_each_test(cluster: E2ECluster, releases: Releases) -> Iterator[None]:
+    yield
+    releases.cleanup()
+    _wait_not_enforced(cluster)
 
 
 def _install_cel(cluster: E2ECluster, releases: Releases, overlay: str | None = None) -> str:
