@@ -7,6 +7,7 @@ keep their own cache), keyed by helm version, overlay, --set-json values and nam
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -125,3 +126,14 @@ def overlay_values(overlay: str) -> dict[str, Any]:
         return out
 
     return merge(base, extra)
+
+
+def next_chart_version(directory: Path) -> Path:
+    """A copy of the chart in `directory` as the next release would ship it: only Chart.yaml's version differs."""
+    chart = directory / "gpu-stack"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    major, minor, _ = str(meta["version"]).split(".", 2)
+    meta["version"] = f"{major}.{int(minor) + 1}.0"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return chart

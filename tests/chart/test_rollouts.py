@@ -9,14 +9,13 @@ label on pods), and a config change must restart exactly the pods that consume t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.chart.chartlib import CHART, HELM_MAJORS, overlays, run_helm, template_args
+from tests.chart.chartlib import CHART, HELM_MAJORS, next_chart_version, overlays, run_helm, template_args
 
 WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob"}
 
@@ -42,14 +41,7 @@ def render_objects(major: int, overlay: str, chart: Path = CHART, set_json: dict
 
 @pytest.fixture(scope="module")
 def next_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the chart as the next release would ship it: only Chart.yaml's version differs."""
-    chart = tmp_path_factory.mktemp("next") / "gpu-stack"
-    shutil.copytree(CHART, chart)
-    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    major, minor, _ = str(meta["version"]).split(".", 2)
-    meta["version"] = f"{major}.{int(minor) + 1}.0"
-    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return chart
+    return next_chart_version(tmp_path_factory.mktemp("next"))
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:

@@ -9,27 +9,17 @@ against the live API server.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from .e2elib import CHART, E2ECluster, Releases, overlays, unique, values_args
+from tests.chart.chartlib import next_chart_version
+
+from .e2elib import E2ECluster, Releases, overlays, unique, values_args
 
 WORKLOAD_KINDS = ("daemonsets", "deployments")
-
-
-def next_version_of_chart(tmp_path: Path) -> Path:
-    """The same chart as the next release would ship it: only Chart.yaml's version differs."""
-    chart = tmp_path / "gpu-stack"
-    shutil.copytree(CHART, chart)
-    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    major, minor, _ = str(meta["version"]).split(".", 2)
-    meta["version"] = f"{major}.{int(minor) + 1}.0"
-    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return chart
 
 
 def workloads(cluster: E2ECluster, namespace: str) -> dict[str, tuple[int, str]]:
@@ -63,7 +53,7 @@ def test_new_chart_version_rolls_no_pod(cluster: E2ECluster, releases: Releases,
     before = workloads(cluster, release.namespace)
     assert len(before) >= 5
     helm = releases.helm_for(helm_major)
-    chart = next_version_of_chart(tmp_path)
+    chart = next_chart_version(tmp_path)
     helm("upgrade", release.name, str(chart), "-n", release.namespace,
          *values_args(overlay, set_json={"webhook.timeoutSeconds": 7}))
     history = json.loads(helm("history", release.name, "-n", release.namespace, "-o", "json").stdout)
