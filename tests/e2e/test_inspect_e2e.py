@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inspect"))
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
@@ -49,6 +50,8 @@ def four_nodes(cluster: E2ECluster) -> Iterator[Path]:
     create_all(api, NODES, [*PODS, *FINISHED_PODS], LABEL)
     create_pod(api, PENDING_POD)  # never bound: filtered out by the server
     yield kubeconfig
+    # Cluster-scoped leftovers would meet later tests' releases (their DaemonSets select GPU nodes).
+    cluster.kubectl("delete", "nodes", "-l", SELECTOR, "--wait=false", check=False)
 
 
 def test_table_is_exact(four_nodes: Path) -> None:
@@ -104,7 +107,14 @@ def test_rbac_names_verb_and_resource_then_the_chart_role_is_enough(four_nodes: 
                             "--show-only", "templates/inspect/clusterrole.yaml",
                             "--show-only", "templates/inspect/clusterrolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
     create_objects(api, objects)
-    allowed = _until_allowed(user)
+    try:
+        allowed = _until_allowed(user)
+    finally:
+        # Named like a release called gpu-stack's own ClusterRole: left behind, it would block that install.
+        rbac = client.RbacAuthorizationV1Api(api)
+        for obj in objects:
+            delete = rbac.delete_cluster_role if obj["kind"] == "ClusterRole" else rbac.delete_cluster_role_binding
+            delete(obj["metadata"]["name"])
     assert allowed.stdout == (EXPECTED / "expected-4node.txt").read_text()
 
 
