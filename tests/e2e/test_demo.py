@@ -27,17 +27,18 @@ def test_demo_uses_the_control_plane(cluster: E2ECluster) -> None:
     assert GPU002 in lines
     # warnings from the mutating webhook, then kubectl's own line
     mps = lines.index("== kubectl apply -f 03-nvidia-mps-pod.yaml")
-    assert lines[mps + 4:mps + 7] == [
+    assert lines[mps + 4:mps + 8] == [
         "Warning: gpu-stack GPU006: hostIPC=true for MPS (selects nvidia.com/device-plugin.config=mps-x10); "
         "off: mps.injectHostIPC",
         "Warning: gpu-stack GPU006: added MPS toleration gpu-stack.io/mps (selects "
         "nvidia.com/device-plugin.config=mps-x10)",
+        "Warning: gpu-stack GPU008: set runtimeClassName nvidia: GPU pods run under the NVIDIA runtime",
         "pod/mps-nbody created",
     ]
     # read back from the API server
     assert 'true {"effect":"NoSchedule","key":"gpu-stack.io/mps","operator":"Exists"}' in lines
     assert '{"limits":{"nvidia.com/gpu":"1"},"requests":{"nvidia.com/gpu":"1"}}' in lines
-    assert "== 8 objects created, 7 refused; removing the release, namespaces and webhook" in lines
+    assert "== 8 objects created, 8 refused; removing the release, namespaces and webhook" in lines
     # torn down: no release, no webhook configuration of the demo left to judge anyone's pods
     assert "gpu-stack-demo" not in cluster.helm("list", "-A", "-q").stdout
     for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
