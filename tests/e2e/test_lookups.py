@@ -25,7 +25,8 @@ GPU002_HOLDS = (DENIED + '"validate.gpu-stack.io" denied the request: GPU002 con
                 "plugin: remove that key or set an envFrom prefix (spec.containers[0].envFrom[0])")
 MPS_WARNINGS = ("Warning: gpu-stack GPU006: added MPS toleration gpu-stack.io/mps (annotation gpu-stack.io/mps)\n"
                 "Warning: gpu-stack GPU006: added "
-                "nodeSelector nvidia.com/mps.capable=true (annotation gpu-stack.io/mps)")
+                "nodeSelector nvidia.com/mps.capable=true (annotation gpu-stack.io/mps)\n"
+                "Warning: gpu-stack GPU008: set runtimeClassName nvidia: GPU pods run under the NVIDIA runtime")
 
 
 def pod(name: str, *, env_from: str | None = None, annotations: dict[str, str] | None = None,
