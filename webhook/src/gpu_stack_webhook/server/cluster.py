@@ -28,7 +28,9 @@ from typing import Any
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.tls.selfmanaged import Renewer, Settings, TlsManager, file_readiness
+from gpu_stack_webhook.tls.config import Settings
+from gpu_stack_webhook.tls.files import file_readiness
+from gpu_stack_webhook.tls.selfmanaged import Renewer, TlsManager
 
 log = logging.getLogger("gpu_stack_webhook.tls")
 
