@@ -85,7 +85,6 @@ def create_app(config: AppConfig) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
     policy = serving_policy(config.policy, config.policy_path, rules=config.rules, facts=config.facts)  # reloader.py
     metrics = Metrics()
-    app.extensions["gpu_stack"] = {"policy": policy, "metrics": metrics, "config": config}
 
     for path in ROUTES:
         app.add_url_rule(path, endpoint=path, view_func=_answered_by_review_routes, methods=["POST"],
