@@ -254,12 +254,12 @@ def render(results: dict[str, Any], command: str) -> str:
 _STAGES = (
     ("TLS read/write, HTTP parsing, gthread dispatch", "ThreadWorker.handle ("),
     ("  gunicorn request parsing", "Parser.__next__"),
-    ("  review fast path (WSGI, no Flask)", "_ReviewFastPath.__call__"),
-    ("      policy evaluation", "Policy.review"),
-    ("      decision log line", "_log_decision"),
+    ("  review routes (WSGI, no Flask)", "ReviewRoutes.__call__"),
+    ("      policy evaluation", "Policy.evaluate"),
+    ("      decision log line", "log_reply"),
     ("      metrics", "Metrics.record"),
 )
-# orjson's loads/dumps are native code: py-spy (no --native) counts them in the fast path's self time.
+# orjson's loads/dumps are native code: py-spy (no --native) counts them in the review routes' self time.
 
 
 def _core_us(text: str) -> float:
