@@ -39,12 +39,12 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from gpu_stack_webhook.admission.decide import Endpoint, review
 from gpu_stack_webhook.admission.review import AdmissionRequest, BadReview, Decision, build_response, parse_review
-from gpu_stack_webhook.policy.config import CONFIG_ENV, PolicyConfig, load_config
+from gpu_stack_webhook.policy.config import PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.server.gunicorn_conf import MULTIPROC_ENV
 from gpu_stack_webhook.server.reloader import PolicySource, serving_policy
+from gpu_stack_webhook.settings import Settings, load_settings
 
 DECISION_LOGGER = "gpu_stack_webhook.decisions"
 log = logging.getLogger("gpu_stack_webhook.server.app")
@@ -73,17 +73,21 @@ class AppConfig:
     rules: tuple[Rule, ...] = RULES
     # Cluster lookups for the rules (facts.py); offline unless `serve --cluster-lookups`.
     facts: ClusterFacts = OFFLINE
+    # The environment (settings.py): reload interval, metrics directory, policy path for `load`.
+    settings: Settings = field(default_factory=load_settings)
 
     @property
     def max_request_bytes(self) -> int:
         return self.policy.max_request_bytes
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> AppConfig:
+    def load(cls, path: str | os.PathLike[str] | None = None, settings: Settings | None = None,
+             **kwargs: Any) -> AppConfig:
         """Read the policy file at `path`, else $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults.
         Raises ConfigError naming the bad key."""
-        resolved = str(path) if path else os.environ.get(CONFIG_ENV) or None
-        return cls(policy=load_config(resolved), policy_path=resolved, **kwargs)
+        settings = settings or load_settings()
+        resolved = str(path) if path else settings.policy_path
+        return cls(policy=load_config(resolved), policy_path=resolved, settings=settings, **kwargs)
 
 
 # --- the review pipeline, shared with `gpu-stack-webhook check` -------------------------------------
@@ -142,10 +146,9 @@ def answer_review(policy: Policy, endpoint: Endpoint, body: Any) -> Answer:
 # --- metrics ----------------------------------------------------------------------------------------
 
 
-def _multiprocess_dir() -> str | None:
+def _multiprocess_dir(path: str | None) -> str | None:
     """The aggregation directory, only when prometheus_client really writes values to files (it picks
-    its value class when first imported, so the variable must have been set before that)."""
-    path = os.environ.get(MULTIPROC_ENV)
+    its value class when first imported, or when gunicorn_conf.prepare_metrics_dir switches it)."""
     return path if path and prometheus_values.ValueClass is not prometheus_values.MutexValue else None
 
 
@@ -154,7 +157,7 @@ class Metrics:
     """The app's metrics on a private registry (so several apps can live in one test process).
     With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them."""
 
-    multiprocess_dir: str | None = field(default_factory=_multiprocess_dir)
+    multiprocess_dir: str | None = None
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
 
     def __post_init__(self) -> None:
@@ -343,8 +346,9 @@ def create_app(config: AppConfig) -> Flask:
     app = Flask("gpu_stack_webhook")
     # Werkzeug rejects a larger Content-Length up front and stops a chunked body at the limit.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
-    policy = serving_policy(config.policy, config.policy_path, rules=config.rules, facts=config.facts)  # reloader.py
-    metrics = Metrics()
+    policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
+                            rules=config.rules, facts=config.facts)
+    metrics = Metrics(_multiprocess_dir(config.settings.prometheus_multiproc_dir))
     limit = config.max_request_bytes
     app.extensions["gpu_stack"] = {"policy": policy, "metrics": metrics, "config": config}
 
