@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from gpu_stack_webhook.server import gunicorn_conf
+from gpu_stack_webhook.settings import load_settings
 from gunicorn.app.base import BaseApplication
 
 API_VERSION = "admission.k8s.io/v1"
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="gunicorn's own gthread worker and one shared listening socket (what served "
                              "before issue 18), for before/after comparisons")
     args = parser.parse_args(argv)
-    options = gunicorn_conf.ServeOptions.with_env_defaults(
-        bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers, threads=args.threads
+    options = gunicorn_conf.ServeOptions.from_settings(
+        load_settings(), bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers,
+        threads=args.threads,
     )
     gunicorn_conf.prepare_metrics_dir()
     settings = {**gunicorn_conf.settings(options), "proc_name": "gpu-stack-baseline"}

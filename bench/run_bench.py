@@ -48,7 +48,7 @@ from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES
-from gpu_stack_webhook.server import gunicorn_conf
+from gpu_stack_webhook.settings import load_settings
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -425,10 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON")
     parser.add_argument("--quick", action="store_true", help="one short round of everything (smoke test)")
-    parser.add_argument("--workers", type=int, default=gunicorn_conf.env_int(gunicorn_conf.WORKERS_ENV,
-                                                                            gunicorn_conf.DEFAULT_WORKERS))
-    parser.add_argument("--threads", type=int, default=gunicorn_conf.env_int(gunicorn_conf.THREADS_ENV,
-                                                                            gunicorn_conf.DEFAULT_THREADS))
+    parser.add_argument("--workers", type=int, default=load_settings().workers)
+    parser.add_argument("--threads", type=int, default=load_settings().threads)
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--no-rules", action="store_true", help="skip the rules sweep over HTTP (7 restarts)")
     args = parser.parse_args(argv)

@@ -12,6 +12,7 @@ import yaml
 from gpu_stack_webhook.inspect import model as inspect_model
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.inspect.model import build_report, sharing_from_configmap
+from gpu_stack_webhook.settings import load_terminal_settings
 from inspect_cluster import NODES, PODS, chart_configmap, node
 
 HERE = Path(__file__).parent
@@ -124,7 +125,8 @@ def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, mode: str, e
     monkeypatch.setenv("TERM", "xterm-256color")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert inspect_render.color_wanted(mode, _Tty() if tty else io.StringIO()) is expected
+    terminal = load_terminal_settings()
+    assert inspect_render.color_wanted(mode, _Tty() if tty else io.StringIO(), terminal) is expected
 
 
 @pytest.mark.parametrize("path", [(), ("nodes", 0), ("nodes", 0, "resources", 0), ("nodes", 0, "pods", 0),

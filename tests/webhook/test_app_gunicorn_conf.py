@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 from gpu_stack_webhook.server import gunicorn_conf
 from gpu_stack_webhook.server.gunicorn_conf import ServeOptions, settings
+from gpu_stack_webhook.settings import load_settings
 from gunicorn.config import Config
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import values as prometheus_values
+from prometheus_client.multiprocess import MultiProcessCollector
 
 
 def options(**kw: object) -> ServeOptions:
@@ -36,24 +40,27 @@ def test_every_setting_is_a_valid_gunicorn_setting() -> None:
 
 
 def test_workers_and_threads_come_from_flags_then_environment_then_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GPU_STACK_WEBHOOK_WORKERS", raising=False)
-    monkeypatch.delenv("GPU_STACK_WEBHOOK_THREADS", raising=False)
+    for name in ("GPU_STACK_WEBHOOK_WORKERS", "GPU_STACK_WEBHOOK_THREADS", "GPU_STACK_WEBHOOK_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
     base = {"bind": "b", "certfile": "c", "keyfile": "k"}
-    default = ServeOptions.with_env_defaults(**base)
-    assert (default.workers, default.threads) == (2, 4)
+    default = ServeOptions.from_settings(load_settings(), **base)
+    assert (default.workers, default.threads, default.request_timeout) == (2, 4, 15.0)
     monkeypatch.setenv("GPU_STACK_WEBHOOK_WORKERS", "3")
     monkeypatch.setenv("GPU_STACK_WEBHOOK_THREADS", "8")
-    from_env = ServeOptions.with_env_defaults(**base)
-    assert (from_env.workers, from_env.threads) == (3, 8)
-    from_flags = ServeOptions.with_env_defaults(**base, workers=1, threads=2)
+    monkeypatch.setenv("GPU_STACK_WEBHOOK_REQUEST_TIMEOUT", "2.5")
+    from_env = ServeOptions.from_settings(load_settings(), **base)
+    assert (from_env.workers, from_env.threads, from_env.request_timeout) == (3, 8, 2.5)
+    from_flags = ServeOptions.from_settings(load_settings(), **base, workers=1, threads=2)
     assert (from_flags.workers, from_flags.threads) == (1, 2)
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "two"])
-def test_a_bad_worker_count_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv("GPU_STACK_WEBHOOK_WORKERS", raw)
-    with pytest.raises(ValueError, match="GPU_STACK_WEBHOOK_WORKERS"):
-        ServeOptions.with_env_defaults(bind="b", certfile="c", keyfile="k")
+def test_the_request_deadline_reaches_every_worker() -> None:
+    # the hook gunicorn calls in each worker guards its requests with the configured deadline
+    hook = settings(options(request_timeout=2.5))["post_worker_init"]
+    worker = types.SimpleNamespace(tpool=object(), alive=False, handle=lambda conn: conn)
+    hook(worker)
+    assert worker.request_deadlines.timeout == 2.5
+    assert worker.handle("conn") == "conn"
 
 
 @pytest.mark.parametrize(
@@ -105,9 +112,30 @@ def test_the_metrics_dir_is_removed_only_by_the_process_that_made_it(
         gunicorn_conf.remove_metrics_dir()
 
 
+def test_metrics_made_after_the_metrics_dir_is_prepared_are_written_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # prometheus_client was imported long before `serve` prepares the directory (as in `serve` itself,
+    # which imports the app at module top): the metrics the app makes afterwards still live in files
+    # that /metrics aggregates over the workers, and removing the directory goes back to memory.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(gunicorn_conf.tempfile, "tempdir", None)
+    path = gunicorn_conf.prepare_metrics_dir()
+    try:
+        Counter("probe", "A counter made after prepare_metrics_dir.", registry=CollectorRegistry()).inc(3)
+        assert [p.name for p in Path(path).glob("counter_*.db")] == [f"counter_{os.getpid()}.db"]
+        aggregated = CollectorRegistry()
+        MultiProcessCollector(aggregated, path=path)
+        assert aggregated.get_sample_value("probe_total") == 3.0
+    finally:
+        gunicorn_conf.remove_metrics_dir()
+    assert prometheus_values.ValueClass is prometheus_values.MutexValue
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
 def test_child_exit_marks_the_worker_dead(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "gauge_liveall_4242.db").write_bytes(b"")
     (tmp_path / "counter_4242.db").write_bytes(b"")
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(gunicorn_conf, "_owned_metrics_dir", [(os.getpid(), str(tmp_path))])
     gunicorn_conf.child_exit(None, types.SimpleNamespace(pid=4242))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_4242.db"]

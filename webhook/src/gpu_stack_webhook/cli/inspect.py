@@ -16,6 +16,7 @@ from gpu_stack_webhook.inspect import model as inspect_model
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.kube import inspect as inspect_kube
 from gpu_stack_webhook.policy.config import ConfigError
+from gpu_stack_webhook.settings import load_terminal_settings
 
 PLUGIN_PROG = "kubectl gpu-stack"
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
             notes.append(f"ConfigMap {query.configmap_namespace}/{query.configmap_name}: {exc}")
     report = inspect_model.build_report(snapshot.nodes, snapshot.pods, sharing, holder_namespace=args.namespace,
                                         notes=notes)
-    color = args.output in ("table", "wide") and inspect_render.color_wanted(args.color, sys.stdout)
+    color = args.output in ("table", "wide") and inspect_render.color_wanted(
+        args.color, sys.stdout, load_terminal_settings())
     sys.stdout.write(inspect_render.render(report, args.output, color=color))
     if args.verbose:
         print(f"read {len(snapshot.nodes)} nodes and {len(snapshot.pods)} pods in {snapshot.requests} requests, "

@@ -25,26 +25,24 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import jsonpatch
 import orjson
 import yaml
+from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply, answer_document
 from gpu_stack_webhook.admission.requests import admission_review
+from gpu_stack_webhook.cel.check import evaluate_object
 from gpu_stack_webhook.cli import inspect as inspect_cli
-from gpu_stack_webhook.policy.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
+from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server import cluster, gunicorn_conf
-
-if TYPE_CHECKING:
-    from flask import Flask
-
-# `.app` imports prometheus_client, which chooses between in-memory and multiprocess (file) values when
-# first imported; `serve` must export PROMETHEUS_MULTIPROC_DIR before that, so `.app` is imported late.
+from gpu_stack_webhook.server.app import AppConfig, create_app
+from gpu_stack_webhook.settings import load_settings
 
 PROG = "gpu-stack-webhook"
 WEBHOOK_NAMES = {"mutate": "mutate.gpu-stack.io", "validate": "validate.gpu-stack.io"}
@@ -57,8 +55,14 @@ def _fail(message: str) -> int:
     return EXIT_INPUT
 
 
-def _load_policy(path: str | None) -> PolicyConfig:
-    return load_config(path or os.environ.get(CONFIG_ENV) or None)
+def _load_policy(path: str | None) -> Policy:
+    """The policy file at `path` (None: built-in defaults), compiled: a rule ID in `rules.disabled` that
+    does not exist is found when the Policy is built (engine.py). Raises ConfigError naming the key."""
+    config = load_config(path)
+    try:
+        return Policy(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
 
 # --- serve --------------------------------------------------------------------------------------------
@@ -77,26 +81,27 @@ def _check_tls_files(cert: str, key: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    config_path = args.config or os.environ.get(CONFIG_ENV) or None
     try:
+        settings = load_settings()
+        config_path = args.config or settings.policy_path
         policy = _load_policy(config_path)
         if args.tls_mode != "files" or args.cluster_lookups:  # the setup logs as gunicorn will: JSON lines
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
-        prepared = cluster.prepare(args)  # self-managed TLS: Secret, caBundle and files, before binding
+        # self-managed TLS: Secret, caBundle and files, before binding
+        prepared = cluster.prepare(args, settings.pod_namespace)
         _check_tls_files(prepared.certfile, prepared.keyfile)
-        options = gunicorn_conf.ServeOptions.with_env_defaults(
-            bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
+        options = gunicorn_conf.ServeOptions.from_settings(
+            settings, bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
             threads=args.threads
         )
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
     options = gunicorn_conf.ServeOptions(**{**options.__dict__, "log_level": args.log_level})
 
-    gunicorn_conf.prepare_metrics_dir()
+    # /metrics aggregates what every gunicorn worker writes to this directory.
+    settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})
     try:
-        from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: PLC0415 (after prepare_metrics_dir, see above)
-
-        app_config = AppConfig(policy=policy, policy_path=config_path, facts=prepared.facts)
+        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=prepared.facts, settings=settings)
         if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
             app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
 
@@ -194,8 +199,6 @@ def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace:
 
 def check_object_cel(config: PolicyConfig, obj: Mapping[str, Any], source: str, namespace: str) -> CheckResult:
     """The chart's CEL admission policies instead of the webhook (cel/check.py)."""
-    from gpu_stack_webhook.cel.check import evaluate_object  # noqa: PLC0415 - the CEL runtime loads only for --engine cel
-
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(meta, Mapping)
     outcome = evaluate_object(config, obj, source, str(meta.get("namespace") or namespace))
@@ -231,8 +234,8 @@ def _read(source: str, stdin: IO[str]) -> list[Any]:
 
 def check(args: argparse.Namespace) -> int:
     try:
-        policy = Policy(_load_policy(args.config))
-    except ConfigError as exc:
+        policy = _load_policy(args.config or load_settings().policy_path)
+    except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
     unreadable = denied = False
     seen = 0
@@ -285,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     srv = commands.add_parser("serve", help="serve /mutate and /validate over TLS (gunicorn)")
-    srv.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
+    srv.add_argument("--config", help="policy file (default: $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults)")
     srv.add_argument("--cert", help="TLS certificate chain (PEM); required unless --tls-mode self-managed")
     srv.add_argument("--key", help="TLS private key (PEM); required unless --tls-mode self-managed")
     srv.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT to listen on (default %(default)s)")
@@ -298,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk = commands.add_parser("check", help="evaluate manifests offline as if they were created")
     chk.add_argument("-f", "--filename", action="append", required=True,
                      help="YAML file or directory (recursive *.yaml, *.yml), or - for stdin; repeatable")
-    chk.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
+    chk.add_argument("--config", help="policy file (default: $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults)")
     chk.add_argument("-n", "--namespace", default="default",
                      help="namespace for objects that name none (default %(default)s)")
     chk.add_argument("--engine", choices=["webhook", "cel"], default="webhook",

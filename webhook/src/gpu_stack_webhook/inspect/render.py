@@ -8,23 +8,23 @@ unless NO_COLOR is set (https://no-color.org) or TERM is dumb. JSON and YAML are
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from typing import IO
 
 import yaml
 
 from gpu_stack_webhook.inspect.model import NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")
 GAP = "   "  # between columns, as kubectl prints them
 BOLD, RED, YELLOW, GREEN, RESET = "\x1b[1m", "\x1b[31m", "\x1b[33m", "\x1b[32m", "\x1b[0m"
 
 
-def color_wanted(mode: str, stream: IO[str]) -> bool:
+def color_wanted(mode: str, stream: IO[str], terminal: TerminalSettings) -> bool:
     if mode == "always":
         return True
-    if mode == "never" or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+    if mode == "never" or terminal.no_color or terminal.term == "dumb":
         return False
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())

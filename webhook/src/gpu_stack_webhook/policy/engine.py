@@ -10,11 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
-from gpu_stack_webhook.policy.rules import RULES, Rule
+from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
 from gpu_stack_webhook.policy.rules.base import Context
 
 # (API group, kind) of everything we judge; the pod spec location per kind is in pod.py.
@@ -53,9 +53,16 @@ class Policy:
     """A loaded config compiled once; `review` and `evaluate` are called per request."""
 
     def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES, facts: ClusterFacts = OFFLINE) -> None:
+        """Raises ConfigError when `rules.disabled` names a rule that does not exist (checked here, where
+        config and rules meet: the rules import config.py, so config.py cannot know their IDs)."""
+        rules = tuple(rules)
+        disabled = set(config.rules.disabled)
+        known = RULE_IDS | {r.id for r in rules}
+        if unknown := sorted(disabled - known):
+            raise ConfigError(f"invalid policy config: rules.disabled: unknown rule IDs {unknown}; "
+                              f"known: {sorted(known)}")
         self.config = config
         self.facts = facts
-        disabled = set(config.rules.disabled)
         self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
         self._patching = Context.for_config(config, can_patch=True)
         self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)

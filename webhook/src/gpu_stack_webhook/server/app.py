@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -23,12 +23,13 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Response as BaseResponse
 
 from gpu_stack_webhook.admission.pipeline import JSON, error_body
-from gpu_stack_webhook.policy.config import CONFIG_ENV, PolicyConfig, load_config
+from gpu_stack_webhook.policy.config import PolicyConfig, load_config
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.server.metrics import Metrics
+from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
 from gpu_stack_webhook.server.reloader import serving_policy
 from gpu_stack_webhook.server.review_routes import ROUTES, ReviewRoutes
+from gpu_stack_webhook.settings import Settings, load_settings
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
 
@@ -48,17 +49,21 @@ class AppConfig:
     rules: tuple[Rule, ...] = RULES
     # Cluster lookups for the rules (facts.py); offline unless `serve --cluster-lookups`.
     facts: ClusterFacts = OFFLINE
+    # The environment (settings.py): reload interval, metrics directory, policy path for `load`.
+    settings: Settings = field(default_factory=load_settings)
 
     @property
     def max_request_bytes(self) -> int:
         return self.policy.max_request_bytes
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> AppConfig:
+    def load(cls, path: str | os.PathLike[str] | None = None, settings: Settings | None = None,
+             **kwargs: Any) -> AppConfig:
         """Read the policy file at `path`, else $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults.
         Raises ConfigError naming the bad key."""
-        resolved = str(path) if path else os.environ.get(CONFIG_ENV) or None
-        return cls(policy=load_config(resolved), policy_path=resolved, **kwargs)
+        settings = settings or load_settings()
+        resolved = str(path) if path else settings.policy_path
+        return cls(policy=load_config(resolved), policy_path=resolved, settings=settings, **kwargs)
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> Response:
@@ -83,8 +88,9 @@ def create_app(config: AppConfig) -> Flask:
     app = Flask("gpu_stack_webhook")
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
-    policy = serving_policy(config.policy, config.policy_path, rules=config.rules, facts=config.facts)  # reloader.py
-    metrics = Metrics()
+    policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
+                            rules=config.rules, facts=config.facts)
+    metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
 
     for path in ROUTES:
         app.add_url_rule(path, endpoint=path, view_func=_answered_by_review_routes, methods=["POST"],

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -79,11 +78,11 @@ def add_arguments(srv: argparse.ArgumentParser) -> None:
     api.add_argument("--lookup-ttl", type=duration, default=duration("30s"))
 
 
-def _namespace(args: argparse.Namespace) -> str:
+def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
     if args.namespace:
         return str(args.namespace)
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
+    if pod_namespace:
+        return pod_namespace
     try:
         return SA_NAMESPACE_FILE.read_text(encoding="utf-8").strip()
     except OSError:
@@ -99,7 +98,7 @@ class Prepared:
     gunicorn_settings: dict[str, Any] = field(default_factory=dict)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> Settings:
     missing = [flag for flag, value in (
         ("--tls-secret", args.tls_secret), ("--service", args.service)) if not value]
     if not (args.mutating_webhook_configuration or args.validating_webhook_configuration):
@@ -107,7 +106,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if missing:
         raise ValueError(f"--tls-mode self-managed needs {', '.join(missing)}")
     return Settings(
-        namespace=_namespace(args), secret_name=args.tls_secret, service_name=args.service,
+        namespace=_namespace(args, pod_namespace), secret_name=args.tls_secret, service_name=args.service,
         mutating_configuration=args.mutating_webhook_configuration or "",
         validating_configuration=args.validating_webhook_configuration or "",
         cert_dir=Path(args.cert_dir), cert_validity=args.cert_validity, cert_renew_before=args.cert_renew_before,
@@ -134,8 +133,9 @@ def bootstrap(manager: TlsManager, attempts: int = BOOTSTRAP_ATTEMPTS, sleep: Ca
         return
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
-    """Raises ValueError with a message for the user when something cannot be set up."""
+def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepared:
+    """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
+    ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
     needs_api = args.tls_mode == "self-managed" or args.cluster_lookups
     api = None
     if needs_api:
@@ -154,7 +154,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
             raise ValueError("--cert and --key are required unless --tls-mode self-managed")
         return Prepared(certfile=args.cert, keyfile=args.key, facts=facts)
     assert api is not None
-    settings = settings_from(args)
+    settings = settings_from(args, pod_namespace)
     manager = TlsManager(api, settings)
     bootstrap(manager)
     renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds())

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gunicorn import glogging
+from prometheus_client import multiprocess
+from prometheus_client import values as prometheus_values
 
 from gpu_stack_webhook.server import slowclients
-from gpu_stack_webhook.settings import env_number
+from gpu_stack_webhook.server.tls_context import reloading_context
+from gpu_stack_webhook.settings import DEFAULT_REQUEST_TIMEOUT, DEFAULT_THREADS, DEFAULT_WORKERS, Settings
 
+# prometheus_client's variable: where multiprocess values live (it reads it when a value opens its file).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-WORKERS_ENV = "GPU_STACK_WEBHOOK_WORKERS"
-THREADS_ENV = "GPU_STACK_WEBHOOK_THREADS"
 WORKER_CLASS = "gpu_stack_webhook.server.worker.PollingThreadWorker"
-DEFAULT_WORKERS = 2
-DEFAULT_THREADS = 4
 KEEPALIVE_SECONDS = 100
 TIMEOUT_SECONDS = 30
 GRACEFUL_TIMEOUT_SECONDS = 25
@@ -52,10 +52,6 @@ LIMIT_REQUEST_FIELD_SIZE = 8190
 _owned_metrics_dir: list[tuple[int, str]] = []
 
 
-def env_int(name: str, default: int) -> int:
-    return env_number(name, default, int, minimum=1)
-
-
 @dataclass(frozen=True)
 class ServeOptions:
     bind: str
@@ -64,18 +60,21 @@ class ServeOptions:
     workers: int = DEFAULT_WORKERS
     threads: int = DEFAULT_THREADS
     log_level: str = "info"
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # slowclients.py
 
     @classmethod
-    def with_env_defaults(
-        cls, *, bind: str, certfile: str, keyfile: str, workers: int | None = None, threads: int | None = None
+    def from_settings(
+        cls, settings: Settings, *, bind: str, certfile: str, keyfile: str, workers: int | None = None,
+        threads: int | None = None,
     ) -> ServeOptions:
-        """Flags win over the environment, the environment over the defaults."""
+        """Flags win over the environment (`settings`), which has the defaults."""
         return cls(
             bind=bind,
             certfile=certfile,
             keyfile=keyfile,
-            workers=workers if workers is not None else env_int(WORKERS_ENV, DEFAULT_WORKERS),
-            threads=threads if threads is not None else env_int(THREADS_ENV, DEFAULT_THREADS),
+            workers=workers if workers is not None else settings.workers,
+            threads=threads if threads is not None else settings.threads,
+            request_timeout=settings.request_timeout,
         )
 
 
@@ -85,8 +84,6 @@ def ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLCont
     the next handshake (tls_reload.py) instead of reading the files for every connection."""
     certfile, keyfile = getattr(conf, "certfile", None), getattr(conf, "keyfile", None)
     if isinstance(certfile, str) and isinstance(keyfile, str):
-        from gpu_stack_webhook.server.tls_context import reloading_context  # noqa: PLC0415
-
         return reloading_context(certfile, keyfile, lambda: _tls_context(default_ssl_context_factory))
     return _tls_context(default_ssl_context_factory)
 
@@ -100,29 +97,34 @@ def _tls_context(default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> s
 
 
 def prepare_metrics_dir() -> str:
-    """Create an empty multiprocess metrics directory for this master and export it.
-    Must run before prometheus_client is imported (it picks its value class at import time)."""
+    """Create an empty multiprocess metrics directory for this master, export it and switch
+    prometheus_client to file-backed values. prometheus_client picks its value class from the variable
+    when first imported; its metrics look `values.ValueClass` up each time they create a value, so
+    setting it again here (as prometheus_client's own tests switch modes) makes every metric created
+    from now on, in this master and its forked workers, write to the directory."""
     path = tempfile.mkdtemp(prefix="gpu-stack-metrics-")
     os.environ[MULTIPROC_ENV] = path
+    prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call,unused-ignore]
     _owned_metrics_dir.append((os.getpid(), path))
     return path
 
 
 def remove_metrics_dir() -> None:
-    """Remove the directory this process created (a no-op in forked workers)."""
+    """Remove the directory this process created, and go back to in-memory values (a no-op in forked
+    workers)."""
     for owner, path in list(_owned_metrics_dir):
         if owner == os.getpid():
             shutil.rmtree(path, ignore_errors=True)
             _owned_metrics_dir.remove((owner, path))
+            os.environ.pop(MULTIPROC_ENV, None)
+            prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def child_exit(server: Any, worker: Any) -> None:
     """gunicorn hook (master): forget the live-gauge files of a dead worker; counters keep counting."""
-    # Imported here: prometheus_client must not be imported before prepare_metrics_dir ran.
-    from prometheus_client import multiprocess  # noqa: PLC0415
-
-    if os.environ.get(MULTIPROC_ENV):
-        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call,unused-ignore]
+    for owner, path in _owned_metrics_dir:
+        if owner == os.getpid():
+            multiprocess.mark_process_dead(worker.pid, path)  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def on_exit(server: Any) -> None:
@@ -187,7 +189,7 @@ def settings(options: ServeOptions) -> dict[str, Any]:
         "loglevel": options.log_level,
         "child_exit": child_exit,
         # A per-request deadline so slow clients cannot pin every gthread thread (slowclients.py).
-        "post_worker_init": slowclients.post_worker_init,
+        "post_worker_init": slowclients.deadlines_hook(options.request_timeout),
         "on_exit": on_exit,
         "proc_name": "gpu-stack-webhook",
         # The gunicornc control socket would need a writable $HOME; nothing here uses it.

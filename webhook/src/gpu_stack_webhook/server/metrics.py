@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -13,16 +12,15 @@ from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply
 from gpu_stack_webhook.admission.review import AdmissionRequest
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS
-from gpu_stack_webhook.server.gunicorn_conf import MULTIPROC_ENV
 
 # Sub-millisecond policy evaluation up to the apiserver's patience (timeoutSeconds is at most 30 s).
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def _multiprocess_dir() -> str | None:
-    """The aggregation directory, only when prometheus_client really writes values to files (it picks
-    its value class when first imported, so the variable must have been set before that)."""
-    path = os.environ.get(MULTIPROC_ENV)
+def multiprocess_dir(path: str | None) -> str | None:
+    """The aggregation directory (Settings.prometheus_multiproc_dir), only when prometheus_client really
+    writes values to files (it picks its value class when first imported, or when
+    gunicorn_conf.prepare_metrics_dir switches it)."""
     return path if path and prometheus_values.ValueClass is not prometheus_values.MutexValue else None
 
 
@@ -38,7 +36,7 @@ class Metrics:
     """The app's metrics on a private registry (so several apps can live in one test process).
     With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them."""
 
-    multiprocess_dir: str | None = field(default_factory=_multiprocess_dir)
+    multiprocess_dir: str | None = None
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
 
     def __post_init__(self) -> None:

@@ -29,19 +29,11 @@ from typing import Any
 
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.settings import env_number
-
-RELOAD_ENV = "GPU_STACK_WEBHOOK_RELOAD_SECONDS"
-DEFAULT_INTERVAL_SECONDS = 10.0
+from gpu_stack_webhook.settings import DEFAULT_RELOAD_SECONDS
 
 log = logging.getLogger("gpu_stack_webhook.server.reloader")
 
 Signature = tuple[int, int, int, int] | None
-
-
-def reload_interval() -> float:
-    """$GPU_STACK_WEBHOOK_RELOAD_SECONDS (0 turns reloading off), else 10 s."""
-    return env_number(RELOAD_ENV, DEFAULT_INTERVAL_SECONDS, float, minimum=0.0)
 
 
 def file_signature(path: str) -> Signature:
@@ -61,7 +53,7 @@ class ReloadingPolicy:
         path: str,
         config: PolicyConfig,
         *,
-        interval: float = DEFAULT_INTERVAL_SECONDS,
+        interval: float = DEFAULT_RELOAD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         **policy_kwargs: Any,
     ) -> None:
@@ -119,10 +111,10 @@ class ReloadingPolicy:
 PolicySource = Callable[[], Policy]
 
 
-def serving_policy(config: PolicyConfig, path: str | None, **policy_kwargs: Any) -> PolicySource:
+def serving_policy(config: PolicyConfig, path: str | None, interval: float, **policy_kwargs: Any) -> PolicySource:
     """What create_app serves from: called once per request for the policy to judge it with. A
-    reloading source when the policy was read from a file (and reloading is on), else a fixed one."""
-    interval = reload_interval()
+    reloading source when the policy was read from a file and `interval` (Settings.reload_seconds,
+    $GPU_STACK_WEBHOOK_RELOAD_SECONDS) is above 0, else a fixed one."""
     if not path or interval <= 0:
         policy = Policy(config, **policy_kwargs)
         return lambda: policy

@@ -15,8 +15,8 @@ What gunicorn 27's gthread worker does by itself:
   stop the webhook. The `timeout` setting does not help: the gthread main loop keeps notifying the
   arbiter while its threads are stuck.
 
-The fix, installed by the `post_worker_init` hook: every `handle(conn)` call is registered with a
-deadline of REQUEST_TIMEOUT seconds (default 15, $GPU_STACK_WEBHOOK_REQUEST_TIMEOUT), and a watchdog
+The fix, installed by the `post_worker_init` hook `deadlines_hook` builds: every `handle(conn)` call is
+registered with a deadline of `timeout` seconds (default 15, $GPU_STACK_WEBHOOK_REQUEST_TIMEOUT), and a watchdog
 thread per worker shuts down (`shutdown(SHUT_RDWR)`) the socket of any call past its deadline, so the
 blocked read returns at once, gunicorn closes the connection and the thread is free. A normal
 AdmissionReview is answered in milliseconds; the apiserver itself gives up after the webhook's
@@ -30,19 +30,12 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from gpu_stack_webhook.settings import env_number
-
-REQUEST_TIMEOUT_ENV = "GPU_STACK_WEBHOOK_REQUEST_TIMEOUT"
-DEFAULT_REQUEST_TIMEOUT = 15.0
 WATCHDOG_PERIOD = 0.5
 
 log = logging.getLogger("gpu_stack_webhook.server.slowclients")
-
-
-def request_timeout() -> float:
-    return env_number(REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT, float, minimum=0.0, minimum_allowed=False)
 
 
 class RequestDeadlines:
@@ -90,12 +83,18 @@ class RequestDeadlines:
                 log.exception("request watchdog failed")
 
 
-def post_worker_init(worker: Any) -> None:
-    """gunicorn hook (in each worker, after its thread pool exists, before it serves)."""
-    if not hasattr(worker, "tpool"):  # not a gthread worker: nothing to guard
-        return
-    deadlines = RequestDeadlines(worker, request_timeout())
-    # enqueue_req submits `self.handle`: an instance attribute wins over the class's method.
-    worker.handle = deadlines.wrap(worker.handle)
-    worker.request_deadlines = deadlines
-    threading.Thread(target=deadlines.run, name="request-deadlines", daemon=True).start()
+def deadlines_hook(timeout: float) -> Callable[[Any], None]:
+    """The gunicorn `post_worker_init` hook that guards every request of a worker with `timeout`
+    seconds (Settings.request_timeout, read once in the master)."""
+
+    def post_worker_init(worker: Any) -> None:
+        """gunicorn hook (in each worker, after its thread pool exists, before it serves)."""
+        if not hasattr(worker, "tpool"):  # not a gthread worker: nothing to guard
+            return
+        deadlines = RequestDeadlines(worker, timeout)
+        # enqueue_req submits `self.handle`: an instance attribute wins over the class's method.
+        worker.handle = deadlines.wrap(worker.handle)
+        worker.request_deadlines = deadlines
+        threading.Thread(target=deadlines.run, name="request-deadlines", daemon=True).start()
+
+    return post_worker_init
