@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
 from gpu_stack_webhook.policy.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config, parse_config
 from gpu_stack_webhook.policy.rules import RULE_IDS
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
+from recordlib import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 

@@ -6,26 +6,24 @@ import copy
 from typing import Any
 
 import pytest
-from conftest import (
-    ALL_KINDS,
-    GPU,
-    SPEC_PATH,
-    WORKLOAD_KINDS,
-    apply_patch,
-    config_default,
-    config_mps,
-    container,
-    decide,
-    make_pod,
-    pod_spec_of,
-    review,
-    wrap,
-)
 from gpu_stack_webhook.admission import decide as admission_decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
+from podlib import (
+    ALL_KINDS,
+    GPU,
+    SPEC_PATH,
+    WORKLOAD_KINDS,
+    apply_patch,
+    container,
+    make_pod,
+    pod_spec_of,
+    review,
+    wrap,
+)
+from policylib import config_default, config_mps, decide
 
 VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
 DEVICES = "/var/run/nvidia-container-devices/all"

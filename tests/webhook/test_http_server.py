@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import GPU, apply_patch, container, make_pod, recorded, review
+from podlib import GPU, apply_patch, container, make_pod, review
 from prometheus_client.parser import text_string_to_metric_families
+from recordlib import recorded
 from tls_helpers import Client, Server, client_speaks_tls11, running_server, stop, tls11_client_context
 
 LIMIT = 32768  # above every recorded request (the largest is ~14 KiB)

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import recorded
 from gpu_stack_webhook.kube.client import (
     MUTATING,
     VALIDATING,
@@ -25,6 +24,7 @@ from gpu_stack_webhook.kube.client import (
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from kube_replay import Replay, replaying
 from kubernetes import client
+from recordlib import recorded
 from tls_helpers import Pki, free_port, make_pki
 
 NS, SECRET, CONFIG = "gpu-stack", "gpu-policy-webhook-tls", "gpu-policy-webhook"
