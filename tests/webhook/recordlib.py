@@ -17,7 +17,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).parents[2]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36"  # copied from ../shared (tests/fixtures/README.md)
-ADMISSION_REQUESTS = FIXTURES / "admission-requests"
 
 
 def recorded(name: str) -> Any:

@@ -99,5 +99,4 @@ def post_worker_init(worker: Any) -> None:
     deadlines = RequestDeadlines(worker, request_timeout())
     # enqueue_req submits `self.handle`: an instance attribute wins over the class's method.
     worker.handle = deadlines.wrap(worker.handle)
-    worker.request_deadlines = deadlines
     threading.Thread(target=deadlines.run, name="request-deadlines", daemon=True).start()
