@@ -331,9 +331,17 @@ def test_crashing_rule_does_not_block_mutate() -> None:
 
 
 def test_crashing_rule_on_a_disabled_list_never_runs() -> None:
-    # a disabled rule is not even called
-    config = config_default(rules={"disabled": sorted(RULE_IDS)})
-    policy = Policy(config)
+    # a disabled rule is not even called: a crashing rule under a disabled ID leaves no trace in the answer
+    crashing_gpu003 = Rule(id="GPU003", name="crashes", summary="always raises", check=_boom)
+    policy = Policy(config_default(rules={"disabled": ["GPU003"]}), rules=(*RULES, crashing_gpu003))
+    assert crashing_gpu003 not in policy.rules
+    decision = admission_decide.review(policy, parse_review(review(bad_pod())), Endpoint.VALIDATE)
+    assert not decision.allowed and decision.code == 403 and decision.rules == ("GPU002",)
+    assert "internal-error" not in decision.audit
+
+
+def test_disabling_every_rule_allows_what_they_would_deny() -> None:
+    policy = Policy(config_default(rules={"disabled": sorted(RULE_IDS)}))
     assert policy.rules == ()
     assert admission_decide.review(policy, parse_review(review(bad_pod())), Endpoint.VALIDATE).allowed
 
