@@ -9,6 +9,7 @@ import pytest
 from gpu_stack_webhook.admission import decide as admission_decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
 from podlib import (
@@ -241,10 +242,11 @@ def test_default_exempt_namespaces(namespace: str, endpoint: str) -> None:
 
 
 def test_configured_exempt_namespaces_replace_the_defaults() -> None:
-    # exemptNamespaces [ml-infra]: ml-infra is skipped, gpu-stack is judged again
+    # exemptNamespaces [ml-infra]: ml-infra is skipped, both defaults (gpu-stack, kube-system) are judged again
     config = config_default(exemptNamespaces=["ml-infra"])
     assert decide(bad_pod(namespace="ml-infra"), "validate", config).allowed
-    assert not decide(bad_pod(namespace="gpu-stack"), "validate", config).allowed
+    for default_exempt in PolicyConfig().exempt_namespaces:
+        assert not decide(bad_pod(namespace=default_exempt), "validate", config).allowed, default_exempt
 
 
 @pytest.mark.parametrize(
