@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart.chartlib import HELM_MAJORS, overlays, render
+from .chartlib import HELM_MAJORS, overlays, render
 
 TOOLKIT = "t-gpu-stack-container-toolkit"
 

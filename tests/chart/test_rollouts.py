@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.chartlib import CHART, HELM_MAJORS, next_chart_version, overlays, run_helm, template_args
+from .chartlib import CHART, HELM_MAJORS, next_chart_version, overlays, run_helm, template_args
 
 WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob"}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart.chartlib import HELM_MAJORS, load_schema, render, run_helm, template_args
+from .chartlib import HELM_MAJORS, load_schema, render, run_helm, template_args
 
 # Objects whose keys are Kubernetes API fields the chart passes through unchanged; the API server
 # rejects unknown fields there (and tests/chart/test_render.py checks the rendered objects against

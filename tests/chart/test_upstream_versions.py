@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from tests.chart.chartlib import CHART, load_values
+from .chartlib import CHART, load_values
 
 GPU_OPERATOR = "GPU Operator v26.7.0"
 UPSTREAM = {

@@ -101,9 +101,6 @@ class LoadResult:
     def max_ms(self) -> float:
         return 1000 * max(self.latencies, default=0.0)
 
-    def over(self, seconds: float) -> int:
-        return sum(1 for t in self.latencies if t > seconds)
-
     def line(self) -> str:
         fails = ", ".join(f"{n} x {what}" for what, n in self.failures.most_common(3))
         return (f"{self.created}/{self.total} created at {self.concurrency} concurrent, {self.rate:.0f} pods/s, "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inspect"))
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
+from kubernetes import client
 
 from .e2elib import E2ECluster
 from .inspect_api import (

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from gpu_stack_webhook.inspect import model as inspect_model
 from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
+from gpu_stack_webhook.inspect.records import MpsLimits, NodeRecord, Report
 from gpu_stack_webhook.policy.config import ConfigError
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 
@@ -17,11 +17,11 @@ def chart_sharing() -> Any:
     return sharing_from_configmap(cm["data"], cm["metadata"]["annotations"]["gpu-stack.io/default-config"])
 
 
-def records(report: inspect_model.Report) -> dict[str, inspect_model.NodeRecord]:
+def records(report: Report) -> dict[str, NodeRecord]:
     return {n.name: n for n in report.nodes}
 
 
-def usage(record: inspect_model.NodeRecord) -> dict[str, tuple[int, int, int, int]]:
+def usage(record: NodeRecord) -> dict[str, tuple[int, int, int, int]]:
     return {r.name: (r.capacity, r.allocatable, r.requested, r.free) for r in record.resources}
 
 
@@ -48,7 +48,7 @@ def test_four_node_cluster() -> None:
     assert usage(mps) == {"nvidia.com/gpu": (10, 10, 3, 7)}  # the Failed pod holds nothing
     (res,) = mps.resources
     assert (res.strategy, res.replicas) == ("mps", 10)
-    assert res.mps == inspect_model.MpsLimits(memory_mib=2303, active_thread_percentage=10)
+    assert res.mps == MpsLimits(memory_mib=2303, active_thread_percentage=10)
 
     mig = nodes["gpu-a100-mig"]
     assert (mig.mig_strategy, mig.mig_config, mig.mig_state, mig.config) == ("mixed", "all-balanced", "success",
@@ -70,7 +70,7 @@ def test_mps_limits_follow_the_mps_control_daemon() -> None:
               "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "3", "nvidia.com/gpu.sharing-strategy": "mps"}
     report = build_report([node("n", labels, {"nvidia.com/gpu": 3})], [])  # no ConfigMap: the labels say it
     (res,) = report.nodes[0].resources
-    assert (res.strategy, res.replicas, res.mps) == ("mps", 3, inspect_model.MpsLimits(5120, 33))
+    assert (res.strategy, res.replicas, res.mps) == ("mps", 3, MpsLimits(5120, 33))
 
 
 def test_without_configmap_strategy_comes_from_gfd_labels() -> None:

@@ -9,20 +9,20 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from gpu_stack_webhook.inspect import model as inspect_model
+from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.inspect.model import build_report, sharing_from_configmap
 from gpu_stack_webhook.settings import load_terminal_settings
 from inspect_cluster import NODES, PODS, chart_configmap, node
 
 HERE = Path(__file__).parent
-SCHEMA = Path(inspect_model.__file__).with_name("inspect-v1.schema.json")
+SCHEMA = Path(inspect_records.__file__).with_name("inspect-v1.schema.json")
 # The same two files are what the e2e tests expect from a real API server, and what README.md shows.
 EXPECTED_TABLE = (HERE / "expected-4node.txt").read_text()
 EXPECTED_JSON = (HERE / "expected-4node.json").read_text()
 
 
-def report(**kwargs: object) -> inspect_model.Report:
+def report(**kwargs: object) -> inspect_records.Report:
     cm = chart_configmap()
     sharing = sharing_from_configmap(cm["data"], cm["metadata"]["annotations"]["gpu-stack.io/default-config"])
     return build_report(NODES, PODS, sharing, **kwargs)  # type: ignore[arg-type]

@@ -28,15 +28,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import counting
-from .conftest import PROFILE
 from .strategies import API, pods, wrap
 from .test_properties import CONFIGS, _config
 from .test_side_door_properties import capability_spellings
 
 # make fuzz: CEL_FUZZ_EXAMPLES pods (default 10,000) for CREATE, a fifth of that for UPDATE (two pods each).
 _FUZZ_COUNT = int(os.environ.get("CEL_FUZZ_EXAMPLES", "10000"))
-FUZZ = settings(max_examples=_FUZZ_COUNT) if PROFILE == "fuzz" else settings()
-UPDATE_FUZZ = settings(max_examples=max(_FUZZ_COUNT // 5, 100)) if PROFILE == "fuzz" else settings()
+_FUZZING = settings.get_current_profile_name() == "fuzz"  # loaded by conftest.py
+FUZZ = settings(max_examples=_FUZZ_COUNT) if _FUZZING else settings()
+UPDATE_FUZZ = settings(max_examples=max(_FUZZ_COUNT // 5, 100)) if _FUZZING else settings()
 CEL_RULES = frozenset(p.rule_id for p in validating.POLICIES)
 config_names = st.sampled_from(sorted(CONFIGS))
 

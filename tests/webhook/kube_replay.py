@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from conftest import recorded
+from recordlib import recorded
 from tls_helpers import Pki, serving_https
 
 

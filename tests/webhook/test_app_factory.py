@@ -10,17 +10,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from conftest import (
-    ADMISSION_REQUESTS,
-    GPU,
-    apply_patch,
-    container,
-    make_pod,
-    recorded,
-    recorded_params,
-    review,
-    wrap,
-)
 from flask import Flask
 from flask.testing import FlaskClient
 from gpu_stack_webhook.admission import pipeline
@@ -30,8 +19,10 @@ from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
 from gpu_stack_webhook.server.metrics import Metrics
+from podlib import GPU, apply_patch, container, make_pod, review, wrap
 from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
+from recordlib import recorded, recorded_params
 
 LIMIT = 4096
 
@@ -424,12 +415,6 @@ def test_the_log_line_says_why_a_request_was_skipped(client: FlaskClient, caplog
     (record,) = [r for r in caplog.records if r.name == DECISION_LOGGER]
     assert record.decision == "skipped"  # type: ignore[attr-defined]
     assert record.skipped == "namespace kube-system is exempt"  # type: ignore[attr-defined]
-
-
-def test_recorded_fixture_dir_is_where_conftest_says() -> None:
-    if not ADMISSION_REQUESTS.is_dir():
-        pytest.skip(f"recorded fixtures absent at {ADMISSION_REQUESTS}")
-    assert (ADMISSION_REQUESTS / "pod-privileged-gpu-validate.json").is_file()
 
 
 def test_a_failing_metrics_backend_does_not_lose_the_answer(

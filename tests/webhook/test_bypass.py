@@ -19,7 +19,6 @@ from functools import cache
 from typing import Any
 
 import pytest
-from conftest import GPU, config_default, config_mig, config_mps, config_time_slicing, container, make_pod, wrap
 from flask.testing import FlaskClient
 from gpu_stack_webhook.admission import decide
 from gpu_stack_webhook.admission.decide import Endpoint
@@ -28,6 +27,8 @@ from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
+from podlib import GPU, container, make_pod, wrap
+from policylib import config_default, config_mig, config_mps, config_time_slicing
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MIG = "nvidia.com/mig-1g.5gb"

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config, parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
+from recordlib import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 

@@ -6,26 +6,25 @@ import copy
 from typing import Any
 
 import pytest
-from conftest import (
+from gpu_stack_webhook.admission import decide as admission_decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
+from podlib import (
     ALL_KINDS,
     GPU,
     SPEC_PATH,
     WORKLOAD_KINDS,
     apply_patch,
-    config_default,
-    config_mps,
     container,
-    decide,
     make_pod,
     pod_spec_of,
     review,
     wrap,
 )
-from gpu_stack_webhook.admission import decide as admission_decide
-from gpu_stack_webhook.admission.decide import Endpoint
-from gpu_stack_webhook.admission.review import parse_review
-from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
+from policylib import config_default, config_mps, decide
 
 VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
 DEVICES = "/var/run/nvidia-container-devices/all"
@@ -243,10 +242,11 @@ def test_default_exempt_namespaces(namespace: str, endpoint: str) -> None:
 
 
 def test_configured_exempt_namespaces_replace_the_defaults() -> None:
-    # exemptNamespaces [ml-infra]: ml-infra is skipped, gpu-stack is judged again
+    # exemptNamespaces [ml-infra]: ml-infra is skipped, both defaults (gpu-stack, kube-system) are judged again
     config = config_default(exemptNamespaces=["ml-infra"])
     assert decide(bad_pod(namespace="ml-infra"), "validate", config).allowed
-    assert not decide(bad_pod(namespace="gpu-stack"), "validate", config).allowed
+    for default_exempt in PolicyConfig().exempt_namespaces:
+        assert not decide(bad_pod(namespace=default_exempt), "validate", config).allowed, default_exempt
 
 
 @pytest.mark.parametrize(
@@ -333,9 +333,17 @@ def test_crashing_rule_does_not_block_mutate() -> None:
 
 
 def test_crashing_rule_on_a_disabled_list_never_runs() -> None:
-    # a disabled rule is not even called
-    config = config_default(rules={"disabled": sorted(RULE_IDS)})
-    policy = Policy(config)
+    # a disabled rule is not even called: a crashing rule under a disabled ID leaves no trace in the answer
+    crashing_gpu003 = Rule(id="GPU003", name="crashes", summary="always raises", check=_boom)
+    policy = Policy(config_default(rules={"disabled": ["GPU003"]}), rules=(*RULES, crashing_gpu003))
+    assert crashing_gpu003 not in policy.rules
+    decision = admission_decide.review(policy, parse_review(review(bad_pod())), Endpoint.VALIDATE)
+    assert not decision.allowed and decision.code == 403 and decision.rules == ("GPU002",)
+    assert "internal-error" not in decision.audit
+
+
+def test_disabling_every_rule_allows_what_they_would_deny() -> None:
+    policy = Policy(config_default(rules={"disabled": sorted(RULE_IDS)}))
     assert policy.rules == ()
     assert admission_decide.review(policy, parse_review(review(bad_pod())), Endpoint.VALIDATE).allowed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import FIXTURES, REPO_ROOT
+from recordlib import FIXTURES, REPO_ROOT
 
 SHARED = REPO_ROOT.parent / "shared" / "fixtures" / "apiserver-v1.36"
 
@@ -15,7 +15,9 @@ def pinned() -> dict[str, str]:
 
 
 def test_fixtures_live_in_the_repository() -> None:
-    assert FIXTURES == REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36"
+    # real files inside the checkout, not a link out to ../shared
+    assert not FIXTURES.is_symlink() and FIXTURES.resolve().is_relative_to(REPO_ROOT.resolve())
+    assert sum(1 for p in FIXTURES.rglob("*.json") if p.is_file() and not p.is_symlink()) > 0
 
 
 def test_every_copied_file_is_pinned_and_unchanged() -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import GPU, apply_patch, container, make_pod, recorded, review
+from podlib import GPU, apply_patch, container, make_pod, review
 from prometheus_client.parser import text_string_to_metric_families
+from recordlib import recorded
 from tls_helpers import Client, Server, client_speaks_tls11, running_server, stop, tls11_client_context
 
 LIMIT = 32768  # above every recorded request (the largest is ~14 KiB)
@@ -101,7 +102,9 @@ def test_recorded_nvidia_visible_devices_pod_lists_every_violation(client: Clien
     body = recorded("admission-requests/pod-env-nvidia-visible-validate.json")
     response = response_of(client.post_json("/validate", body))
     assert response["allowed"] is False
-    assert response["status"]["message"].startswith("3 GPU policy violations: [1] GPU002")
+    message = response["status"]["message"]
+    assert message.startswith("3 GPU policy violations: [1] GPU002")
+    assert "; [2] GPU002 " in message and "; [3] GPU002 " in message
 
 
 def test_an_object_that_is_not_a_pod_is_denied_400(client: Client) -> None:

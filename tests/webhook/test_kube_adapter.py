@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import recorded
 from gpu_stack_webhook.kube.client import (
     MUTATING,
     VALIDATING,
@@ -30,6 +29,7 @@ from kube_replay import Replay, replaying
 from kubernetes import client
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
+from recordlib import recorded
 from tls_helpers import Pki, free_port, make_pki
 
 NS, SECRET, CONFIG = "gpu-stack", "gpu-policy-webhook-tls", "gpu-policy-webhook"

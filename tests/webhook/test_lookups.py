@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import GPU, apply_patch, config_default, config_mps, container, make_pod, review, wrap
 from gpu_stack_webhook.admission import decide as admission_decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, parse_review
@@ -15,6 +14,8 @@ from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from kube_fake import FakeKube
+from podlib import GPU, apply_patch, container, make_pod, review, wrap
+from policylib import config_default, config_mps
 
 NS = "team-a"
 CM = "app-env"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import container, make_pod, review
+from podlib import container, make_pod, review
 from test_faults import wait_for, worker_pids
 from tls_helpers import Server, client_context, running_server
 

@@ -9,21 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import (
-    CONFIG_LABEL,
-    FIXTURES,
-    GPU,
-    config_mig,
-    config_mps,
-    config_per_node,
-    container,
-    decide,
-    make_pod,
-    recorded,
-    recorded_params,
-    wrap,
-)
 from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, short_warning
+from podlib import GPU, container, make_pod, wrap
+from policylib import CONFIG_LABEL, config_mig, config_mps, config_per_node, decide
+from recordlib import FIXTURES, recorded, recorded_params
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 OPS = ({"op": "add", "path": "/spec/hostIPC", "value": True},)

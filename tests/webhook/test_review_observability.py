@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from conftest import GPU, container, make_pod, review
 from flask.testing import FlaskClient
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
@@ -18,6 +17,7 @@ from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
+from podlib import GPU, container, make_pod, review
 from prometheus_client.parser import text_string_to_metric_families
 
 LONG_NAME = "a-container-with-a-rather-long-name-that-kubernetes-still-allows"

@@ -8,23 +8,20 @@ as the device name, so every spelling it would clean into that prefix must be de
 from __future__ import annotations
 
 import pytest
-from conftest import (
+from gpu_stack_webhook.policy.findings import Severity
+from podlib import (
     ALL_KINDS,
     CONTAINER_KINDS,
     CONTAINER_LABEL,
     META_PATH,
     SPEC_PATH,
     WORKLOAD_KINDS,
-    config_default,
     container,
-    decide,
-    findings,
     make_pod,
-    only,
     pod_with,
     wrap,
 )
-from gpu_stack_webhook.policy.findings import Severity
+from policylib import config_default, decide, findings, only
 
 RULE = "GPU007"
 DIR = "/var/run/nvidia-container-devices"

@@ -6,24 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import (
+from gpu_stack_webhook.policy.findings import Severity
+from podlib import (
     ALL_KINDS,
     CONTAINER_KINDS,
     CONTAINER_LABEL,
     GPU,
     SPEC_PATH,
     apply_patch,
-    config_default,
     container,
-    decide,
-    findings,
     make_pod,
-    only,
     pod_with,
-    summary,
     wrap,
 )
-from gpu_stack_webhook.policy.findings import Severity
+from policylib import config_default, decide, findings, only, summary
 
 RULE = "GPU001"
 REQ = f"resources.requests[{GPU}]"

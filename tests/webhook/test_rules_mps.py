@@ -5,26 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import (
-    CONFIG_LABEL,
-    CONTAINER_KINDS,
-    GPU,
-    SPEC_PATH,
-    WORKLOAD_KINDS,
-    apply_patch,
-    config_default,
-    config_mps,
-    config_per_node,
-    container,
-    decide,
-    findings,
-    make_pod,
-    only,
-    pod_with,
-    wrap,
-)
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.findings import Severity
+from podlib import CONTAINER_KINDS, GPU, SPEC_PATH, WORKLOAD_KINDS, apply_patch, container, make_pod, pod_with, wrap
+from policylib import CONFIG_LABEL, config_default, config_mps, config_per_node, decide, findings, only
 
 RULE = "GPU006"
 MPS_LABEL = "nvidia.com/mps.capable"

@@ -5,23 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import (
-    ALL_KINDS,
-    CONTAINER_KINDS,
-    CONTAINER_LABEL,
-    GPU,
-    SPEC_PATH,
-    config_default,
-    container,
-    decide,
-    findings,
-    make_pod,
-    only,
-    pod_with,
-    summary,
-    wrap,
-)
 from gpu_stack_webhook.policy.findings import Severity
+from podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
+from policylib import config_default, decide, findings, only, summary
 
 RULE = "GPU003"
 PRIV = "securityContext.privileged"

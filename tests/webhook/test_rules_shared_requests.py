@@ -5,30 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import (
-    ALL_KINDS,
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.findings import Severity
+from podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
+from policylib import (
     CONFIG_LABEL,
-    CONTAINER_KINDS,
-    CONTAINER_LABEL,
     CUSTOM_CONFIG_LABEL,
-    GPU,
-    SPEC_PATH,
     config_default,
     config_mig,
     config_mps,
     config_per_node,
     config_time_slicing,
-    container,
     decide,
     findings,
     make_config,
-    make_pod,
     only,
-    pod_with,
-    wrap,
 )
-from gpu_stack_webhook.policy.config import PolicyConfig
-from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU004"
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import GPU, container, make_pod
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.admission.requests import admission_review
@@ -18,6 +17,7 @@ from gpu_stack_webhook.cli.main import check_object
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
+from podlib import GPU, container, make_pod
 from tls_helpers import Server, running_server
 
 LIMIT = 16384

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
 from gpu_stack_webhook.cli.main import main
 from gpu_stack_webhook.server.app import AppConfig
 from gpu_stack_webhook.settings import (
@@ -18,6 +17,7 @@ from gpu_stack_webhook.settings import (
     load_terminal_settings,
     variables,
 )
+from recordlib import REPO_ROOT
 
 NAMES = [name for name, _, _ in variables(Settings) + variables(TerminalSettings)]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import make_config
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
+from policylib import make_config
 
 
 def index(plugin: dict[str, Any]) -> SharingIndex:

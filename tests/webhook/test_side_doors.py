@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import apply_patch, container, make_config, make_pod, recorded, review, wrap
 from gpu_stack_webhook.admission import decide as admission_decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.review import parse_review
@@ -43,6 +42,9 @@ from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from kube_fake import FakeKube, fake_apiserver, kubeconfig
+from podlib import apply_patch, container, make_pod, review, wrap
+from policylib import make_config
+from recordlib import recorded
 from tls_helpers import Client, Server, make_pki, running_server
 
 LABEL = "nvidia.com/device-plugin.config"

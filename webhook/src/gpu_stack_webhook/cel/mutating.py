@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_stack_webhook.cel.library import ALLOCATED, CANDIDATES, GPU_AMOUNTS, POD_VARIABLES, Variable, quantity_ok
+from gpu_stack_webhook.cel.library import ALLOCATED, CANDIDATES, GPU_AMOUNTS, Variable, quantity_ok
 from gpu_stack_webhook.policy.rules import gpu_limits, mps, runtime_class
 
 
@@ -126,7 +126,3 @@ MPS_INJECTION = CelMutation(
 )
 
 POLICIES: tuple[CelMutation, ...] = (FILL_LIMITS, MPS_INJECTION, RUNTIME_CLASS)
-
-
-def all_variables(policy: CelMutation) -> tuple[Variable, ...]:
-    return (*POD_VARIABLES, *policy.variables)

@@ -19,7 +19,6 @@ from gpu_stack_webhook.cel.library import (
     CANDIDATES,
     FRACTION,
     GPU_AMOUNTS,
-    POD_VARIABLES,
     Variable,
     quantity_ok,
 )
@@ -173,8 +172,3 @@ GPU001 = CelValidation(gpu_limits.ID, gpu_limits.NAME, ("gpuNames", "gpuPrefixes
 ))
 
 POLICIES: tuple[CelValidation, ...] = (GPU001, GPU002, GPU003, GPU007)
-
-
-def all_variables(policy: CelValidation) -> tuple[Variable, ...]:
-    """The pod-finding variables every policy starts with, then the policy's own."""
-    return (*POD_VARIABLES, *policy.variables)

@@ -1,6 +1,6 @@
 """`gpu-stack-webhook inspect` and the kubectl plugin `kubectl gpu-stack inspect` (console script
-`kubectl-gpu_stack`): argument parsing only; data from inspect_kube, model from inspect_model, output
-from inspect_render.
+`kubectl-gpu_stack`): argument parsing only; data from kube.inspect, model from inspect.model
+(records in inspect.records), output from inspect.render.
 
 Exit status: 0 printed, 1 the cluster could not be read (the message says why), 2 bad arguments.
 """
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_stack_webhook.inspect import model as inspect_model
+from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.kube import inspect as inspect_kube
 from gpu_stack_webhook.policy.config import ConfigError
@@ -32,7 +33,7 @@ def _positive(value: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=inspect_render.OUTPUTS, default="table",
                         help="table (default), wide (more columns), json or yaml (schema "
-                             f"{inspect_model.SCHEMA_VERSION})")
+                             f"{inspect_records.SCHEMA_VERSION})")
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="only this node; repeatable")
     parser.add_argument("-l", "--selector", metavar="SELECTOR",

@@ -94,7 +94,7 @@ def deadlines_hook(timeout: float) -> Callable[[Any], None]:
         deadlines = RequestDeadlines(worker, timeout)
         # enqueue_req submits `self.handle`: an instance attribute wins over the class's method.
         worker.handle = deadlines.wrap(worker.handle)
-        worker.request_deadlines = deadlines
+        worker.request_deadlines = deadlines  # what the worker is guarded with, for inspection
         threading.Thread(target=deadlines.run, name="request-deadlines", daemon=True).start()
 
     return post_worker_init

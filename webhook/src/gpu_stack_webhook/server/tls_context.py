@@ -43,7 +43,6 @@ class ReloadingContext:
         self.context = factory()  # the one gunicorn wraps sockets with
         self.current = self.context
         self.failed: Signature | None = None
-        self.reloads = 0
         self.context.sni_callback = self._on_client_hello
 
     def _refresh(self) -> ssl.SSLContext:
@@ -61,7 +60,6 @@ class ReloadingContext:
                             self.certfile, self.keyfile, exc)
                 return self.current
             self.current, self.signature, self.failed = fresh, signature, None
-            self.reloads += 1
             log.info("TLS certificate reloaded from %s", self.certfile)
             return fresh
 
