@@ -28,9 +28,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
-from kubernetes.utils.quantity import parse_quantity
 
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
+from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
 
 SCHEMA_VERSION = "gpu-stack.io/inspect/v1"
@@ -195,7 +195,7 @@ def _int(value: Any) -> int | None:
 
 def _quantity(value: Any) -> int:
     try:
-        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
+        return int(parse_quantity(value))
     except (ValueError, TypeError):
         return 0
 

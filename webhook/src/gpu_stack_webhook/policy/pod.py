@@ -6,10 +6,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import cached_property
-from typing import Any, cast
+from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
-from kubernetes.utils.quantity import parse_quantity
+
+from gpu_stack_webhook.policy.quantity import parse_quantity
 
 # (field in the pod spec, how a user calls it)
 CONTAINER_FIELDS = (
@@ -165,7 +166,7 @@ def parse_count(value: Any) -> Decimal | None:
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:
-        parsed = cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
+        parsed = parse_quantity(value)
     except (ValueError, TypeError, InvalidOperation):
         return None
     # Python's parser takes "Infinity", "inf" and "NaN"; Kubernetes quantities are finite numbers.
