@@ -10,6 +10,7 @@ from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
 
+from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.quantity import parse_quantity
 
 # (field in the pod spec, how a user calls it)
@@ -95,13 +96,15 @@ class PodView:
     metadata_path: str  # "metadata" or "spec.template.metadata"
     # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
+    desired: DesiredPod = field(default_factory=lambda: DesiredPod({}), compare=False, repr=False)
 
     @property
     def is_template(self) -> bool:
         return self.kind != "Pod"
 
     @classmethod
-    def of(cls, obj: Mapping[str, Any], kind: str) -> PodView:
+    def of(cls, obj: Mapping[str, Any], kind: str, *, patchable: bool = False) -> PodView:
         spec_path, meta_path = POD_SPEC_LOCATIONS[kind]
         spec: Any = obj
         for key in spec_path:
@@ -120,6 +123,7 @@ class PodView:
             path=".".join(spec_path),
             pointer="/" + "/".join(spec_path),
             metadata_path=".".join(meta_path),
+            desired=DesiredPod(obj, writable=patchable),
         )
 
     def containers(self) -> Iterator[ContainerRef]:
