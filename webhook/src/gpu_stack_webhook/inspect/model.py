@@ -196,7 +196,7 @@ def _int(value: Any) -> int | None:
 def _quantity(value: Any) -> int:
     try:
         return int(parse_quantity(value))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, ArithmeticError):
         return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -171,7 +171,7 @@ def parse_count(value: Any) -> Decimal | None:
         return Decimal(value)  # the common spelling, without the general parser
     try:
         parsed = parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation):
+    except (ValueError, TypeError, ArithmeticError):
         return None
     # Python's parser takes "Infinity", "inf" and "NaN"; Kubernetes quantities are finite numbers.
     return parsed if parsed.is_finite() else None
