@@ -4,17 +4,17 @@ Rules never write patch operations. A rule that changes something edits the desi
 reports a WARN finding with `changed=True` that says what it changed; the engine turns the difference
 into RFC 6902 operations with `jsonpatch.make_patch`. Most reviews change nothing, so nothing is copied
 until the first edit, and then only the nodes on the way to what is edited (copy on write): everything
-else stays shared with the request, so the diff skips it by identity and jsonpatch only compares what
-an edit touched.
+else stays shared with the request, so jsonpatch is handed only what an edit touched (`_unshared`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import jsonpatch
-from jsonpointer import escape as escape_token
+import orjson
 from jsonpointer import unescape as unescape_token
 
 from gpu_stack_webhook.policy.findings import JsonPatchOp
@@ -65,53 +65,54 @@ class DesiredPod:
         """RFC 6902 operations from the object to the desired pod ([] when nothing was edited)."""
         if self._root is None:
             return []
-        ops: list[JsonPatchOp] = []
-        _diff(self._source, self._root, "", ops)
-        return ops
+        src, dst = _unshared(self._source, self._root)
+        # jsonpatch.make_patch without its search for values to move (rules add, replace and remove).
+        return jsonpatch.JsonPatch.from_diff(src, dst, optimization=False, dumps=_dumps).patch
 
 
-def _descends(src: Any, dst: Any) -> bool:
-    # jsonpatch compares two objects, or two arrays of one length, member by member (by position)
-    # too, so diffing their members one by one gives the same operations.
-    if type(src) is dict and type(dst) is dict:
-        return True
-    return type(src) is list and type(dst) is list and len(src) == len(dst)
+def _dumps(value: Any) -> str:
+    # How jsonpatch tells values apart (1 from True, "1" from 1): orjson is several times faster than
+    # json.dumps; what it cannot write (integers over 64 bits, non-string keys) json.dumps writes.
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
 
 
-def _diff(src: Any, dst: Any, pointer: str, ops: list[JsonPatchOp]) -> None:
-    """Append to `ops` the operations from `src` to `dst` (two objects or two arrays of one length)
-    at `pointer`. Shared members are equal by construction; the rest goes to jsonpatch."""
+def _unshared(src: Any, dst: Any) -> tuple[Any, Any]:
+    """`src` and `dst` (two objects, or two arrays) without what they share, for jsonpatch to compare.
+
+    Members that are the same object in both are left out; members edited inside are reduced in turn.
+    An array that kept its length and whose changed items were all edited inside becomes an object
+    keyed by index, and an array only appended to becomes the object of its new items: the paths
+    jsonpatch writes for these ("/spec/containers/0/...", "/spec/tolerations/2") are those of the
+    arrays. Any other array change is left whole to jsonpatch, which matches up the items itself."""
     if type(src) is list:
-        changed = [(index, a, b) for index, (a, b) in enumerate(zip(src, dst, strict=True)) if a is not b]
-        if all(_descends(a, b) for _, a, b in changed):
-            for index, a, b in changed:
-                _diff(a, b, f"{pointer}/{index}", ops)
-        else:
-            _make_patch(src, dst, pointer, ops)
-        return
-    rest_src: dict[str, Any] = {}
-    rest_dst: dict[str, Any] = {}
+        if len(dst) > len(src) and all(a is b for a, b in zip(src, dst, strict=False)):
+            return {}, {str(index): dst[index] for index in range(len(src), len(dst))}
+        changed = [(index, a, b) for index, (a, b) in enumerate(zip(src, dst, strict=False)) if a is not b]
+        if len(src) != len(dst) or not all(_reducible(a, b) for _, a, b in changed):
+            return src, dst
+        pairs = {str(index): _unshared(a, b) for index, a, b in changed}
+        return {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
+    src_left: dict[str, Any] = {}
+    dst_left: dict[str, Any] = {}
     for key, b in dst.items():
         a = src.get(key, _ABSENT)
         if a is b:
             continue
-        if _descends(a, b):
-            _diff(a, b, f"{pointer}/{escape_token(key)}", ops)
+        if _reducible(a, b):
+            src_left[key], dst_left[key] = _unshared(a, b)
         else:
             if a is not _ABSENT:
-                rest_src[key] = a
-            rest_dst[key] = b
-    rest_src.update((key, a) for key, a in src.items() if key not in dst)
-    if rest_src or rest_dst:
-        _make_patch(rest_src, rest_dst, pointer, ops)
+                src_left[key] = a
+            dst_left[key] = b
+    src_left.update((key, a) for key, a in src.items() if key not in dst)
+    return src_left, dst_left
 
 
-def _make_patch(src: Any, dst: Any, pointer: str, ops: list[JsonPatchOp]) -> None:
-    for op in jsonpatch.make_patch(src, dst).patch:
-        op["path"] = pointer + op["path"]
-        if "from" in op:
-            op["from"] = pointer + op["from"]
-        ops.append(op)
+def _reducible(src: Any, dst: Any) -> bool:
+    return (type(src) is dict and type(dst) is dict) or (type(src) is list and type(dst) is list)
 
 
 _ABSENT: Any = object()
