@@ -32,11 +32,14 @@ e2e: $(STAMP) helm
 	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
-# ruff and mypy; then checkov (its own tool venv under .tools/checkov, hack/ensure-checkov.sh) on the chart
-# rendered with the defaults and every overlay: fails on any failed check or undeclared exception.
+# ruff, mypy (strict on policy/ and admission/), the import contract (lint-imports: the layers of the
+# package, no Flask/Kubernetes client/I/O in the policy core; [tool.importlinter] in pyproject.toml); then
+# checkov (its own tool venv under .tools/checkov, hack/ensure-checkov.sh) on the chart rendered with the
+# defaults and every overlay: fails on any failed check or undeclared exception.
 lint: $(STAMP) helm
 	$(VENV)/bin/ruff check webhook tests hack bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) hack/chart-scan.py
 
 # The demo on a real control plane when one is at hand (hack/demo_live.py: chart installed, real kubectl),

@@ -17,6 +17,7 @@ from gpu_stack_webhook.admission.review import Decision, parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Evaluation, Policy
 from gpu_stack_webhook.policy.findings import Finding
+from gpu_stack_webhook.policy.rules import RULES
 from podlib import GPU, review
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -113,6 +114,13 @@ def evaluate(
     obj: Mapping[str, Any], kind: str = "Pod", config: PolicyConfig | None = None, *, can_patch: bool = False
 ) -> Evaluation:
     return Policy(config or PolicyConfig()).evaluate(obj, kind, can_patch=can_patch)
+
+
+
+def rule_patch(obj: Mapping[str, Any], rule_id: str, config: PolicyConfig | None = None) -> list[dict[str, Any]]:
+    """The JSONPatch /mutate sends for a Pod CREATE of `obj` when `rule_id` is the only rule enabled."""
+    policy = Policy(config or PolicyConfig(), rules=[r for r in RULES if r.id == rule_id])
+    return list(policy.evaluate(obj, "Pod", can_patch=True).patch)
 
 
 def findings(

@@ -19,7 +19,7 @@ from podlib import (
     pod_with,
     wrap,
 )
-from policylib import config_default, decide, findings, only, summary
+from policylib import config_default, decide, findings, only, rule_patch, summary
 
 RULE = "GPU001"
 REQ = f"resources.requests[{GPU}]"
@@ -121,7 +121,7 @@ def test_workload_template_is_never_patched(kind: str) -> None:
     assert "GPU001" in decision.message and f"{SPEC_PATH[kind]}.containers[0].{LIM}" in decision.message
 
 
-# (resources of the container, expected patch ops relative to the container pointer)
+# (resources of the container, ops (relative to the container pointer) with the effect of the patch)
 FILL_CASES = [
     # requests only, no limits map: add the whole limits map
     pytest.param({"requests": {GPU: 1}}, [("/resources/limits", {GPU: 1})], id="no-limits-map"),
@@ -155,10 +155,11 @@ def test_missing_limit_is_filled_on_pod_create(field: str, resources: dict[str, 
     assert f.severity is Severity.WARN
     assert f.path == f"spec.{field}[0].resources.limits"
     assert f.message.startswith(f'{CONTAINER_LABEL[field]} "x": set GPU limit ')
+    assert f.changed
     base = f"/spec/{field}/0"
-    assert list(f.patch) == [{"op": "add", "path": base + p, "value": v} for p, v in ops]
-    patched = apply_patch(pod, f.patch)
-    assert findings(patched, RULE, can_patch=True) == []
+    patched = apply_patch(pod, rule_patch(pod, RULE))
+    assert patched == apply_patch(pod, [{"op": "add", "path": base + p, "value": v} for p, v in ops])
+    assert findings(patched, RULE, can_patch=True) == [] and rule_patch(patched, RULE) == []
     assert findings(patched, RULE) == []
 
 

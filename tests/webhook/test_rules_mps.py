@@ -8,7 +8,7 @@ import pytest
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.findings import Severity
 from podlib import CONTAINER_KINDS, GPU, SPEC_PATH, WORKLOAD_KINDS, apply_patch, container, make_pod, pod_with, wrap
-from policylib import CONFIG_LABEL, config_default, config_mps, config_per_node, decide, findings, only
+from policylib import CONFIG_LABEL, config_default, config_mps, config_per_node, decide, findings, only, rule_patch
 
 RULE = "GPU006"
 MPS_LABEL = "nvidia.com/mps.capable"
@@ -38,11 +38,12 @@ def gpu_pod(**kw: Any) -> dict[str, Any]:
     return make_pod([container("cuda", gpu=1)], **kw)
 
 
-def ops_of(found: list[Any]) -> list[dict[str, Any]]:
-    return [op for f in found for op in f.patch]
+def changes(pod: dict[str, Any], config: PolicyConfig) -> dict[str, Any]:
+    """The pod after GPU006's patch on its CREATE at /mutate."""
+    return apply_patch(pod, rule_patch(pod, RULE, config))
 
 
-# (config, pod, what the reason in the message names (None: not an MPS pod), expected patch ops on Pod CREATE)
+# (config, pod, what the reason in the message names (None: not an MPS pod), ops with the effect of the patch)
 DETECTION = [
     # every node shares nvidia.com/gpu through MPS: a GPU pod is an MPS pod
     pytest.param(MPS, gpu_pod(), "nvidia.com/gpu is MPS-shared", [HOST_IPC, ADD_TOLS], id="resource-mps-everywhere"),
@@ -86,25 +87,26 @@ DETECTION = [
 def test_mps_detection_and_injection(config: PolicyConfig, pod: dict[str, Any], reason: str | None,
                                      ops: list[dict[str, Any]]) -> None:
     found = findings(pod, RULE, config=config, can_patch=True)
-    assert ops_of(found) == ops
+    patched = apply_patch(pod, ops)
+    assert changes(pod, config) == patched
+    assert (rule_patch(pod, RULE, config) == []) is (ops == [])
     for f in found:
-        assert f.severity is Severity.WARN and f.patch
+        assert f.severity is Severity.WARN and f.changed
         assert reason in f.message
     if reason is None:
         assert found == []
     # idempotent: the webhook reinvoked on its own output adds nothing
-    patched = apply_patch(pod, ops)
-    assert ops_of(findings(patched, RULE, config=config, can_patch=True)) == []
+    assert rule_patch(patched, RULE, config) == []
 
 
 @pytest.mark.parametrize("field", CONTAINER_KINDS)
 def test_mps_by_resource_in_any_container_kind(field: str) -> None:
     # the MPS-shared GPU is requested by an init/ephemeral container only: still an MPS pod
     pod = pod_with(field, container("x", gpu=1))
-    assert ops_of(findings(pod, RULE, config=MPS, can_patch=True)) == [HOST_IPC, ADD_TOLS]
+    assert changes(pod, MPS) == apply_patch(pod, [HOST_IPC, ADD_TOLS])
 
 
-# (tolerations field of the pod spec (absent when "absent"), config overrides of mps, expected toleration ops)
+# (tolerations field of the pod spec (absent when "absent"), config overrides of mps, ops with the patch's effect)
 TOLERATIONS = [
     # no tolerations array: add the whole array
     pytest.param("absent", {}, [ADD_TOLS], id="absent-add-array"),
@@ -161,12 +163,14 @@ def test_only_missing_tolerations_are_added(tolerations: Any, mps: dict[str, Any
     pod = gpu_pod(nodeSelector={MPS_LABEL: "true"}, **spec)
     config = config_default(mps={"injectHostIPC": False, **mps})
     found = findings(pod, RULE, config=config, can_patch=True)
-    assert ops_of(found) == expected
+    patched = apply_patch(pod, expected)
+    assert changes(pod, config) == patched
     if expected:
         f = only(found)
         assert f.path == "spec.tolerations" and f.message.startswith("added MPS toleration ")
-    patched = apply_patch(pod, expected)
-    assert ops_of(findings(patched, RULE, config=config, can_patch=True)) == []
+    else:
+        assert found == [] and rule_patch(pod, RULE, config) == []
+    assert rule_patch(patched, RULE, config) == []
 
 
 @pytest.mark.parametrize(
@@ -188,7 +192,8 @@ def test_host_ipc_injection(host_ipc: Any, inject: bool, expected: list[dict[str
     pod = gpu_pod(tolerations=[dict(TOL)], **spec)
     config = config_mps(mps={"injectHostIPC": inject})
     found = findings(pod, RULE, config=config, can_patch=True)
-    assert ops_of(found) == expected
+    assert changes(pod, config) == apply_patch(pod, expected)
+    assert (rule_patch(pod, RULE, config) == []) is (expected == [])
     if expected:
         f = only(found)
         assert f.path == "spec.hostIPC"
@@ -224,7 +229,8 @@ def test_annotation_opt_in_node_selector(selector: Any, configured: Any, expecte
     mps: dict[str, Any] = {} if configured is None else {"nodeSelector": configured}
     config = config_default(mps=mps)
     found = findings(pod, RULE, config=config, can_patch=True)
-    assert ops_of(found) == expected
+    assert changes(pod, config) == apply_patch(pod, expected)
+    assert (rule_patch(pod, RULE, config) == []) is (expected == [])
     if denied:
         f = only(found)
         assert f.severity is Severity.DENY and f.deny_early and f.path == "spec.nodeSelector"
@@ -241,7 +247,7 @@ def test_workload_templates_get_a_warning_not_a_patch(kind: str) -> None:
     # an MPS Deployment/Job/...: /validate warns that each pod will be mutated; /mutate sends no patch
     obj = wrap(gpu_pod(), kind)
     f = only(findings(obj, RULE, kind, MPS))
-    assert (f.severity, f.path, f.patch) == (Severity.WARN, SPEC_PATH[kind], ())
+    assert (f.severity, f.path, f.changed) == (Severity.WARN, SPEC_PATH[kind], False)
     assert f.message == "MPS pods (nvidia.com/gpu is MPS-shared): hostIPC/tolerations get added per pod"
     decision = decide(obj, "mutate", MPS, kind=kind)
     assert decision.allowed and decision.patch == () and decision.warnings == ()
@@ -258,9 +264,10 @@ def test_created_pod_is_not_warned_again_at_validate() -> None:
 
 def test_mutate_response_for_mps_pod() -> None:
     # Pod CREATE at /mutate: allowed, both ops, a warning per change, audited
-    decision = decide(gpu_pod(tolerations=list(DEFAULT_TOLS)), "mutate", MPS)
+    pod = gpu_pod(tolerations=list(DEFAULT_TOLS))
+    decision = decide(pod, "mutate", MPS)
     assert decision.allowed
-    assert list(decision.patch) == [HOST_IPC, APPEND_TOL]
+    assert apply_patch(pod, decision.patch) == apply_patch(pod, [HOST_IPC, APPEND_TOL])
     assert len(decision.warnings) == 2
     hostipc, toleration = decision.warnings
     assert hostipc.startswith("gpu-stack GPU006: ") and "hostIPC=true" in hostipc

@@ -76,7 +76,7 @@ def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
     if endpoint is Endpoint.MUTATE:
         if any(f.deny_early for f in denials):
             return _deny(denials)
-        changes = [f for f in evaluation.warnings if f.patch or f.on_mutate]
+        changes = [f for f in evaluation.warnings if f.changed or f.on_mutate]
         return Decision(
             allowed=True,
             warnings=tuple(warning_text(f) for f in changes),

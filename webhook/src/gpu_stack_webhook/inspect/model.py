@@ -26,10 +26,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
-from kubernetes.utils.quantity import parse_quantity
 
 from gpu_stack_webhook.inspect.records import Holder, MpsLimits, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
+from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -70,8 +70,8 @@ def _int(value: Any) -> int | None:
 
 def _quantity(value: Any) -> int:
     try:
-        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError):
+        return int(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
         return 0
 
 

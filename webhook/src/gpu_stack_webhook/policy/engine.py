@@ -1,6 +1,7 @@
 """The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O.
 
-`Policy.evaluate` runs every enabled rule and returns their findings (denials, warnings, changes);
+`Policy.evaluate` runs every enabled rule and returns their findings (denials, warnings, changes) and,
+for a Pod being created, the JSONPatch from the object to the pod the rules want (policy/desired.py);
 what those mean for an admission request (skip, deny, patch, warn) is admission/decide.py's.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
 from gpu_stack_webhook.policy.rules.base import Context
@@ -35,6 +36,8 @@ class RuleCrashed(Exception):
 @dataclass(frozen=True)
 class Evaluation:
     findings: tuple[Finding, ...]
+    # RFC 6902 ops from the object to the desired pod (jsonpatch's diff); only ever for a Pod being created.
+    patch: tuple[JsonPatchOp, ...] = ()
 
     @property
     def denials(self) -> list[Finding]:
@@ -43,10 +46,6 @@ class Evaluation:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity is Severity.WARN]
-
-    @property
-    def patch(self) -> list[dict[str, Any]]:
-        return [op for f in self.findings for op in f.patch]
 
 
 class Policy:
@@ -72,8 +71,9 @@ class Policy:
                  facts: ClusterFacts | None = None) -> Evaluation:
         """Run every enabled rule on the pod spec of `obj`. Raises NotAPodError, RuleCrashed.
         `facts` (default: the policy's) answer cluster lookups for objects in `namespace`."""
-        pod = PodView.of(obj, kind)
-        ctx = self._patching if can_patch and kind == "Pod" else self._judging
+        patching = can_patch and kind == "Pod"
+        pod = PodView.of(obj, kind, patchable=patching)
+        ctx = self._patching if patching else self._judging
         facts = self.facts if facts is None else facts
         if facts.online and namespace:
             ctx = replace(ctx, facts=facts, namespace=namespace)
@@ -83,7 +83,7 @@ class Policy:
                 findings.extend(rule.check(pod, ctx))
             except Exception as error:  # a rule bug must become a decision, never a 500 traceback
                 raise RuleCrashed(rule, error) from error
-        return Evaluation(tuple(findings))
+        return Evaluation(tuple(findings), tuple(pod.desired.patch()))
 
     def new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str, namespace: str = "",
                      facts: ClusterFacts | None = None) -> Evaluation:
@@ -93,7 +93,7 @@ class Policy:
             before = set(self.evaluate(old_object, kind, namespace=namespace, facts=facts).findings)
         except NotAPodError:
             return evaluation
-        return Evaluation(tuple(f for f in evaluation.findings if f not in before))
+        return replace(evaluation, findings=tuple(f for f in evaluation.findings if f not in before))
 
     def is_exempt(self, namespace: str) -> bool:
         return namespace in self._exempt

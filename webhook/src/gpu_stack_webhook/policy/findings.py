@@ -1,4 +1,4 @@
-"""What a rule reports: a denial, a warning, or a change (a warning that carries JSONPatch ops)."""
+"""What a rule reports: a denial, a warning, or a change (a warning saying what it changed in the desired pod)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# One RFC 6902 operation; the engine makes them (policy/desired.py), rules never do.
 JsonPatchOp = dict[str, Any]
 
 
@@ -21,11 +22,11 @@ class Finding:
     message: str
     # Field path of the offending value, kubectl style: spec.initContainers[0].env[2]
     path: str = ""
-    # JSONPatch ops (RFC 6902, pointers escaped) for a change; only ever produced for Pods being created.
-    patch: tuple[JsonPatchOp, ...] = field(default=(), compare=False)
+    # The rule changed the desired pod (pod.desired, only for Pods being created) and this warning says what.
+    changed: bool = field(default=False, compare=False)
     # Kubernetes itself rejects this before the validating webhooks run, so the mutating pass denies it.
     deny_early: bool = field(default=False, compare=False)
-    # A warning without a patch that the mutating pass still reports (e.g. an injection it skipped).
+    # A warning without a change that the mutating pass still reports (e.g. an injection it skipped).
     on_mutate: bool = field(default=False, compare=False)
 
     @property

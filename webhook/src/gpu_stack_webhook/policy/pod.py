@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import cached_property
-from typing import Any, cast
+from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
-from kubernetes.utils.quantity import parse_quantity
+
+from gpu_stack_webhook.policy.desired import DesiredPod
+from gpu_stack_webhook.policy.quantity import parse_quantity
 
 # (field in the pod spec, how a user calls it)
 CONTAINER_FIELDS = (
@@ -94,13 +96,15 @@ class PodView:
     metadata_path: str  # "metadata" or "spec.template.metadata"
     # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
+    desired: DesiredPod = field(default_factory=lambda: DesiredPod({}), compare=False, repr=False)
 
     @property
     def is_template(self) -> bool:
         return self.kind != "Pod"
 
     @classmethod
-    def of(cls, obj: Mapping[str, Any], kind: str) -> PodView:
+    def of(cls, obj: Mapping[str, Any], kind: str, *, patchable: bool = False) -> PodView:
         spec_path, meta_path = POD_SPEC_LOCATIONS[kind]
         spec: Any = obj
         for key in spec_path:
@@ -119,6 +123,7 @@ class PodView:
             path=".".join(spec_path),
             pointer="/" + "/".join(spec_path),
             metadata_path=".".join(meta_path),
+            desired=DesiredPod(obj, writable=patchable),
         )
 
     def containers(self) -> Iterator[ContainerRef]:
@@ -165,8 +170,8 @@ def parse_count(value: Any) -> Decimal | None:
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:
-        parsed = cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError, InvalidOperation):
+        parsed = parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError):
         return None
     # Python's parser takes "Infinity", "inf" and "NaN"; Kubernetes quantities are finite numbers.
     return parsed if parsed.is_finite() else None

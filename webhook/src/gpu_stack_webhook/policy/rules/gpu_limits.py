@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
-from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count, pointer_token
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count
 from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, gpu_amounts
 
 ID = "GPU001"
@@ -25,24 +25,21 @@ def _deny(amount: GpuAmount, message: str, section: str) -> Finding:
     return Finding(ID, Severity.DENY, f"{amount.container.label}: {message}", path, deny_early=True)
 
 
-def _fill_limits(container: ContainerRef, missing: dict[str, object]) -> Iterator[Finding]:
-    has_limits = isinstance((container.spec.get("resources") or {}).get("limits"), dict)
-    has_resources = isinstance(container.spec.get("resources"), dict)
-    ops: list[JsonPatchOp] = []
-    if has_limits:
-        base = f"{container.pointer}/resources/limits"
-        ops = [{"op": "add", "path": f"{base}/{pointer_token(r)}", "value": v} for r, v in missing.items()]
-    elif has_resources:
-        ops = [{"op": "add", "path": f"{container.pointer}/resources/limits", "value": dict(missing)}]
+def _fill_limits(pod: PodView, container: ContainerRef, missing: dict[str, object]) -> Finding:
+    resources = container.spec.get("resources")
+    if isinstance(resources, dict) and isinstance(resources.get("limits"), dict):
+        pod.desired.edit(f"{container.pointer}/resources/limits").update(missing)
+    elif isinstance(resources, dict):
+        pod.desired.edit(f"{container.pointer}/resources")["limits"] = dict(missing)
     else:
-        ops = [{"op": "add", "path": f"{container.pointer}/resources", "value": {"limits": dict(missing)}}]
+        pod.desired.edit(container.pointer)["resources"] = {"limits": dict(missing)}
     names = ", ".join(f"{r}={v}" for r, v in missing.items())
-    yield Finding(
+    return Finding(
         ID,
         Severity.WARN,
         f"{container.label}: set GPU limit {names} from its request",
         f"{container.path}.resources.limits",
-        patch=tuple(ops),
+        changed=True,
     )
 
 
@@ -76,4 +73,4 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                         "limits",
                     )
     for pointer, missing in missing_limits.items():
-        yield from _fill_limits(containers[pointer], missing)
+        yield _fill_limits(pod, containers[pointer], missing)

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
-from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
-from gpu_stack_webhook.policy.pod import PodView, pointer_token
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.sharing import Strategy
 
@@ -108,30 +108,26 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         if pod.is_template:
             yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
         return
-    base = pod.pointer
     if wants_host_ipc and level:
         yield Finding(ID, Severity.WARN, f'hostIPC not added for MPS: namespace enforces Pod Security "{level}"',
                       f"{pod.path}.hostIPC", on_mutate=True)
     elif wants_host_ipc:
+        pod.desired.edit(pod.pointer)["hostIPC"] = True
         yield Finding(
             ID,
             Severity.WARN,
             f"hostIPC=true for MPS ({reason}); Pod Security unchecked: {unchecked}" if unchecked
             else f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
             f"{pod.path}.hostIPC",
-            patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
+            changed=True,
         )
     existing = list(pod.tolerations)
     missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
     if missing:
-        ops: tuple[JsonPatchOp, ...]
-        if isinstance(pod.spec.get("tolerations"), list):
-            ops = tuple({"op": "add", "path": f"{base}/tolerations/-", "value": t} for t in missing)
-        else:
-            ops = ({"op": "add", "path": f"{base}/tolerations", "value": missing},)
+        pod.desired.edit(pod.pointer)["tolerations"] = existing + missing
         keys = ", ".join(str(t.get("key", "*")) for t in missing)
         yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
-                      patch=ops)
+                      changed=True)
     if opted_in:
         yield from _inject_node_selector(pod, ctx, reason)
 
@@ -157,17 +153,10 @@ def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[F
     missing = {k: v for k, v in wanted.items() if k not in current}
     if not missing:
         return
-    ops: tuple[JsonPatchOp, ...]
-    if isinstance(pod.spec.get("nodeSelector"), Mapping):
-        ops = tuple(
-            {"op": "add", "path": f"{pod.pointer}/nodeSelector/{pointer_token(k)}", "value": v}
-            for k, v in missing.items()
-        )
-    else:
-        ops = ({"op": "add", "path": f"{pod.pointer}/nodeSelector", "value": missing},)
+    pod.desired.edit(pod.pointer)["nodeSelector"] = {**current, **missing}
     labels = ", ".join(f"{k}={v}" for k, v in missing.items())
     yield Finding(ID, Severity.WARN, f"added nodeSelector {labels} ({reason})", f"{pod.path}.nodeSelector",
-                  patch=ops)
+                  changed=True)
 
 
 def _pod_security(ctx: Context) -> tuple[str, str]:

@@ -25,10 +25,11 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     wanted = ctx.config.inject_runtime_class_name
     if not wanted or not ctx.can_patch or pod.spec.get("runtimeClassName") or not allocated_gpus(pod, ctx):
         return
+    pod.desired.edit(pod.pointer)["runtimeClassName"] = wanted
     yield Finding(
         ID,
         Severity.WARN,
         f"set runtimeClassName {wanted}: GPU pods run under the NVIDIA runtime",
         f"{pod.path}.runtimeClassName",
-        patch=({"op": "add", "path": f"{pod.pointer}/runtimeClassName", "value": wanted},),
+        changed=True,
     )

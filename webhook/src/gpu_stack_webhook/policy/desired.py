@@ -1,0 +1,118 @@
+"""The pod a review wants: what the rules change, and the JSONPatch from the object to it.
+
+Rules never write patch operations. A rule that changes something edits the desired pod (`edit`) and
+reports a WARN finding with `changed=True` that says what it changed; the engine turns the difference
+into RFC 6902 operations with `jsonpatch.make_patch`. Most reviews change nothing, so nothing is copied
+until the first edit, and then only the nodes on the way to what is edited (copy on write): everything
+else stays shared with the request, so jsonpatch is handed only what an edit touched (`_unshared`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jsonpatch
+import orjson
+from jsonpointer import unescape as unescape_token
+
+from gpu_stack_webhook.policy.findings import JsonPatchOp
+
+
+class ReadOnlyPodError(RuntimeError):
+    """A rule edited the desired pod of a review that cannot be patched (check ctx.can_patch first)."""
+
+
+class DesiredPod:
+    """The object under review as the rules want it; the request's object is never modified."""
+
+    __slots__ = ("_owned", "_root", "_source", "_writable")
+
+    def __init__(self, source: Mapping[str, Any], *, writable: bool = False) -> None:
+        self._source = source
+        self._writable = writable
+        self._root: dict[str, Any] | None = None
+        self._owned: set[int] = set()  # ids of the copies made here: edited in place, never copied twice
+
+    @property
+    def changed(self) -> bool:
+        return self._root is not None
+
+    def edit(self, pointer: str) -> Any:
+        """The dict or list at `pointer` (a JSON pointer into the object, e.g. `container.pointer +
+        "/resources"`) in the desired pod: this review's own copy, whose members a rule may set, add or
+        delete. The values it holds are still the request's: to change something inside one of them,
+        edit that one (or replace it with a new value). Raises KeyError/IndexError when a step is absent."""
+        if not self._writable:
+            raise ReadOnlyPodError(f"edit({pointer!r}) of a review that cannot be patched")
+        node: Any = self._root
+        if node is None:
+            node = self._root = dict(self._source)
+            self._owned.add(id(node))
+        for token in pointer.split("/")[1:]:
+            key: str | int = int(token) if isinstance(node, list) else unescape_token(token)
+            child = node[key]
+            if id(child) not in self._owned:
+                if not isinstance(child, dict | list):
+                    raise TypeError(f"{pointer}: {type(child).__name__} is not an object or an array")
+                child = node[key] = child.copy()
+                self._owned.add(id(child))
+            node = child
+        return node
+
+    def patch(self) -> list[JsonPatchOp]:
+        """RFC 6902 operations from the object to the desired pod ([] when nothing was edited)."""
+        if self._root is None:
+            return []
+        src, dst = _unshared(self._source, self._root)
+        # jsonpatch.make_patch without its search for values to move (rules add, replace and remove).
+        return jsonpatch.JsonPatch.from_diff(src, dst, optimization=False, dumps=_dumps).patch
+
+
+def _dumps(value: Any) -> str:
+    # How jsonpatch tells values apart (1 from True, "1" from 1): orjson is several times faster than
+    # json.dumps; what it cannot write (integers over 64 bits, non-string keys) json.dumps writes.
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
+def _unshared(src: Any, dst: Any) -> tuple[Any, Any]:
+    """`src` and `dst` (two objects, or two arrays) without what they share, for jsonpatch to compare.
+
+    Members that are the same object in both are left out; members edited inside are reduced in turn.
+    An array that kept its length and whose changed items were all edited inside becomes an object
+    keyed by index, and an array only appended to becomes the object of its new items: the paths
+    jsonpatch writes for these ("/spec/containers/0/...", "/spec/tolerations/2") are those of the
+    arrays. Any other array change is left whole to jsonpatch, which matches up the items itself."""
+    if type(src) is list:
+        if len(dst) > len(src) and all(a is b for a, b in zip(src, dst, strict=False)):
+            return {}, {str(index): dst[index] for index in range(len(src), len(dst))}
+        changed = [(index, a, b) for index, (a, b) in enumerate(zip(src, dst, strict=False)) if a is not b]
+        if len(src) != len(dst) or not all(_reducible(a, b) for _, a, b in changed):
+            return src, dst
+        pairs = {str(index): _unshared(a, b) for index, a, b in changed}
+        return {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
+    src_left: dict[str, Any] = {}
+    dst_left: dict[str, Any] = {}
+    for key, b in dst.items():
+        a = src.get(key, _ABSENT)
+        if a is b:
+            continue
+        if _reducible(a, b):
+            src_left[key], dst_left[key] = _unshared(a, b)
+        else:
+            if a is not _ABSENT:
+                src_left[key] = a
+            dst_left[key] = b
+    src_left.update((key, a) for key, a in src.items() if key not in dst)
+    return src_left, dst_left
+
+
+def _reducible(src: Any, dst: Any) -> bool:
+    return (type(src) is dict and type(dst) is dict) or (type(src) is list and type(dst) is list)
+
+
+_ABSENT: Any = object()
