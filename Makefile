@@ -70,7 +70,7 @@ fuzz: $(STAMP)
 # worker RSS growth under 5%; then 200 keep-alive clients with silent connections beside them: zero
 # errors, no answer slower than 1 s (hack/soak.py).
 soak: $(STAMP)
-	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600}
+	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600} --report bench/soak.md
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache
