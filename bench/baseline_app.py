@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
-from gpu_stack_webhook import gunicorn_conf
+from gpu_stack_webhook.server import gunicorn_conf
 from gunicorn.app.base import BaseApplication
 
 API_VERSION = "admission.k8s.io/v1"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import bodies
 import run_bench
-from gpu_stack_webhook.certs import write_loopback_pki
+from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 CLIENTS = (8, 50, 100, 200)
 BEGIN = "<!-- many-clients:begin (bench/many_clients.py) -->"

@@ -45,12 +45,13 @@ import bodies
 import flamegraph
 import profile_summary
 import report
-from gpu_stack_webhook import gunicorn_conf
-from gpu_stack_webhook.app import answer_review
-from gpu_stack_webhook.certs import write_loopback_pki
-from gpu_stack_webhook.config import PolicyConfig, parse_config
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.rules import RULES
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.rules import RULES
+from gpu_stack_webhook.server import gunicorn_conf
+from gpu_stack_webhook.server.app import answer_review
+from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

@@ -17,10 +17,12 @@ import platform
 import statistics
 import timeit
 
-from gpu_stack_webhook.admission import build_response, parse_review
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.reviews import admission_review
+from gpu_stack_webhook.admission import decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.requests import admission_review
+from gpu_stack_webhook.admission.review import build_response, parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
 
 
 def three_container_gpu_pod() -> dict:
@@ -68,7 +70,7 @@ def main() -> None:
     def full_review(endpoint: Endpoint):
         def run() -> None:
             request = parse_review(json.loads(body))
-            decision = policy.review(request, endpoint)
+            decision = decide.review(policy, request, endpoint)
             json.dumps(build_response(request.uid, decision, allow_patch=endpoint is Endpoint.MUTATE))
         return run
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import jsonpatch
 import yaml
-from gpu_stack_webhook.certs import write_loopback_pki
-from gpu_stack_webhook.reviews import admission_review, is_judged
+from gpu_stack_webhook.admission.requests import admission_review, is_judged
+from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import controlplane

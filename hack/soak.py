@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import bodies  # noqa: E402
 import many_clients  # noqa: E402
-from gpu_stack_webhook.certs import write_loopback_pki  # noqa: E402
+from gpu_stack_webhook.tls.certs import write_loopback_pki  # noqa: E402
 from run_bench import VENV_BIN, Run, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
 
 MAX_RSS_GROWTH = 0.05

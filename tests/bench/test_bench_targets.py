@@ -18,8 +18,8 @@ import bodies  # noqa: E402
 import run_bench  # noqa: E402
 import soak  # noqa: E402
 import targets  # noqa: E402
-from gpu_stack_webhook.app import AppConfig, create_app  # noqa: E402
-from gpu_stack_webhook.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
 
 
 def test_issue_14_pod_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:

@@ -18,9 +18,9 @@ sys.path.insert(0, str(BENCH))
 
 import baseline_app  # noqa: E402
 import bodies  # noqa: E402
-from gpu_stack_webhook.admission import parse_review  # noqa: E402
-from gpu_stack_webhook.app import AppConfig, create_app  # noqa: E402
-from gpu_stack_webhook.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.admission.review import parse_review  # noqa: E402
+from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
 
 if not bodies.FIXTURES.is_dir():
     pytest.skip(f"recorded fixtures absent at {bodies.FIXTURES}", allow_module_level=True)

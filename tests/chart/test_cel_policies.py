@@ -9,7 +9,7 @@ import pytest
 import yaml
 from gpu_stack_webhook.cel import render as cel_render
 from gpu_stack_webhook.cel.library import config_values
-from gpu_stack_webhook.config import parse_config
+from gpu_stack_webhook.policy.config import parse_config
 
 from .chartlib import FULLNAME, ROOT, find, one, overlays, render, run_helm, template_args
 

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import yaml
-from gpu_stack_webhook.config import parse_config
-from gpu_stack_webhook.engine import Policy
+from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.engine import Policy
 
 from . import pss
 from .chartlib import FULLNAME, one, render

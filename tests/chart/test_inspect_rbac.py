@@ -1,5 +1,5 @@
 """The read-only ClusterRole of `kubectl gpu-stack inspect` (inspect.rbac.*): exactly the reads
-webhook/src/gpu_stack_webhook/inspect_kube.py makes, on by default, bound only to the subjects given."""
+webhook/src/gpu_stack_webhook/kube/inspect.py makes, on by default, bound only to the subjects given."""
 
 from __future__ import annotations
 

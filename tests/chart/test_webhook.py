@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_stack_webhook.config import parse_config
-from gpu_stack_webhook.rules import RULE_IDS
+from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.rules import RULE_IDS
 
 from . import pss
 from .chartlib import (

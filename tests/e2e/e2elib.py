@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpu_stack_webhook.certs import PkiFiles, write_loopback_pki
+from gpu_stack_webhook.tls.certs import PkiFiles, write_loopback_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-stack"

@@ -6,9 +6,9 @@ import copy
 from typing import Any
 
 import pytest
-from gpu_stack_webhook import inspect_model
-from gpu_stack_webhook.config import ConfigError
-from gpu_stack_webhook.inspect_model import build_report, pod_requests, sharing_from_configmap
+from gpu_stack_webhook.inspect import model as inspect_model
+from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
+from gpu_stack_webhook.policy.config import ConfigError
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from gpu_stack_webhook import inspect_model, inspect_render
-from gpu_stack_webhook.inspect_model import build_report, sharing_from_configmap
+from gpu_stack_webhook.inspect import model as inspect_model
+from gpu_stack_webhook.inspect import render as inspect_render
+from gpu_stack_webhook.inspect.model import build_report, sharing_from_configmap
 from inspect_cluster import NODES, PODS, chart_configmap, node
 
 HERE = Path(__file__).parent

@@ -23,7 +23,7 @@ from typing import Any
 import jsonpatch
 from gpu_stack_webhook.cel import mutating, runtime, validating
 from gpu_stack_webhook.cel.library import config_values
-from gpu_stack_webhook.engine import Policy
+from gpu_stack_webhook.policy.engine import Policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +71,7 @@ def python_denials(config: str, obj: dict[str, Any], old: dict[str, Any] | None 
     kind = obj["kind"]
     evaluation = policy.evaluate(obj, kind)
     if old is not None:
-        evaluation = policy._new_findings(evaluation, old, kind)
+        evaluation = policy.new_findings(evaluation, old, kind)
     return Counter(f.text for f in evaluation.denials if f.rule_id in CEL_RULES)
 
 

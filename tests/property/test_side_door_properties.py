@@ -12,8 +12,8 @@ from functools import cache
 from typing import Any
 
 from flask.testing import FlaskClient
-from gpu_stack_webhook.app import AppConfig, create_app
-from gpu_stack_webhook.config import parse_config
+from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -21,10 +21,12 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from gpu_stack_webhook.admission import Decision, parse_review
-from gpu_stack_webhook.config import PolicyConfig, parse_config
-from gpu_stack_webhook.engine import Endpoint, Evaluation, Policy
-from gpu_stack_webhook.findings import Finding
+from gpu_stack_webhook.admission import decide as admission_decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import Decision, parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.engine import Evaluation, Policy
+from gpu_stack_webhook.policy.findings import Finding
 
 # --------------------------------------------------------------------------------------------------
 # Recorded apiserver traffic
@@ -407,7 +409,7 @@ def decide(
     """The Decision /mutate or /validate returns for an AdmissionReview built by `review`."""
     endpoint = Endpoint(endpoint) if isinstance(endpoint, str) else endpoint
     request = parse_review(review(obj, **review_kw))
-    return Policy(config or PolicyConfig()).review(request, endpoint)
+    return admission_decide.review(Policy(config or PolicyConfig()), request, endpoint)
 
 
 # --------------------------------------------------------------------------------------------------

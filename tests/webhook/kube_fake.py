@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpu_stack_webhook.kube import (
+from gpu_stack_webhook.kube.client import (
     MUTATING,
     VALIDATING,
     AlreadyExists,

@@ -23,11 +23,11 @@ from conftest import (
 )
 from flask import Flask
 from flask.testing import FlaskClient
-from gpu_stack_webhook import app as app_module
-from gpu_stack_webhook.app import DECISION_LOGGER, AppConfig, create_app
-from gpu_stack_webhook.config import PolicyConfig, parse_config
-from gpu_stack_webhook.engine import Policy
-from gpu_stack_webhook.rules import RULES, Rule
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.rules import RULES, Rule
+from gpu_stack_webhook.server import app as app_module
+from gpu_stack_webhook.server.app import DECISION_LOGGER, AppConfig, create_app
 from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
 
@@ -293,7 +293,7 @@ def _explode(self: Policy, *args: Any) -> Any:
 def test_unexpected_error_after_parsing_fails_closed_on_validate(
     client: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Policy, "review", _explode)
+    monkeypatch.setattr(Policy, "evaluate", _explode)
     reply = post(client, "/validate", review(make_pod(), uid="u-err"))
     assert reply.status_code == 200
     response = reply.get_json()["response"]
@@ -307,7 +307,7 @@ def test_unexpected_error_after_parsing_fails_closed_on_validate(
 def test_unexpected_error_after_parsing_allows_unchanged_on_mutate(
     client: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Policy, "review", _explode)
+    monkeypatch.setattr(Policy, "evaluate", _explode)
     response = post(client, "/mutate", review(requests_only_pod())).get_json()["response"]
     assert response["allowed"] is True
     assert "patch" not in response

@@ -8,8 +8,8 @@ import types
 from pathlib import Path
 
 import pytest
-from gpu_stack_webhook import gunicorn_conf
-from gpu_stack_webhook.gunicorn_conf import ServeOptions, settings
+from gpu_stack_webhook.server import gunicorn_conf
+from gpu_stack_webhook.server.gunicorn_conf import ServeOptions, settings
 from gunicorn.config import Config
 
 
@@ -21,7 +21,7 @@ def test_every_setting_is_a_valid_gunicorn_setting() -> None:
     config = Config()
     for name, value in settings(options()).items():
         config.set(name, value)  # raises on an unknown name or an invalid value
-    assert config.worker_class_str == "gpu_stack_webhook.worker.PollingThreadWorker"
+    assert config.worker_class_str == "gpu_stack_webhook.server.worker.PollingThreadWorker"
     assert config.preload_app is True
     assert config.accesslog is None
     assert config.keepalive == gunicorn_conf.KEEPALIVE_SECONDS

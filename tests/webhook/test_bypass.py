@@ -1,7 +1,7 @@
 """The bypass catalogue: every way around each rule we could think of, end to end.
 
 Each case is an attack (its id and comment say what it tries) sent the way the apiserver sends it:
-an AdmissionReview built by `gpu_stack_webhook.reviews.admission_review`, judged by `Policy.review`,
+an AdmissionReview built by `gpu_stack_webhook.admission.requests.admission_review`, judged by `Policy.review`,
 and the same body through the HTTP layer (create_app's test client) with the same verdict. The rule
 tests (test_rules_*.py) pin each rule's details; this file is the security-facing list. A new
 bypass idea goes here first.
@@ -21,11 +21,13 @@ from typing import Any
 import pytest
 from conftest import GPU, config_default, config_mig, config_mps, config_time_slicing, container, make_pod, wrap
 from flask.testing import FlaskClient
-from gpu_stack_webhook.admission import parse_review
-from gpu_stack_webhook.app import AppConfig, create_app
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.reviews import admission_review
+from gpu_stack_webhook.admission import decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.requests import admission_review
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.server.app import AppConfig, create_app
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MIG = "nvidia.com/mig-1g.5gb"
@@ -255,7 +257,7 @@ CASES: dict[str, Attack] = {
 def _judge(case: Attack) -> dict[str, Any]:
     body = admission_review(case.obj, **case.review)
     endpoint = Endpoint(case.endpoint)
-    decision = Policy(_config(case.config)).review(parse_review(body), endpoint)
+    decision = decide.review(Policy(_config(case.config)), parse_review(body), endpoint)
     reply = _client(case.config).post(f"/{case.endpoint}", data=json.dumps(body), content_type="application/json")
     assert reply.status_code == 200, reply.data
     response: dict[str, Any] = reply.get_json()["response"]
@@ -279,7 +281,7 @@ def test_bypass_attempt(name: str) -> None:
 
 
 def test_every_rule_has_bypass_cases() -> None:
-    from gpu_stack_webhook.rules import RULE_IDS  # noqa: PLC0415
+    from gpu_stack_webhook.policy.rules import RULE_IDS  # noqa: PLC0415
 
     covered = {case.rule for case in CASES.values()} | {name[:6].upper() for name in CASES}
     assert set(RULE_IDS) <= covered

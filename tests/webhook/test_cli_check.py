@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import FIXTURES, GPU, container, make_pod, wrap
-from gpu_stack_webhook.admission import parse_review
-from gpu_stack_webhook.cli import main
-from gpu_stack_webhook.reviews import admission_review
+from gpu_stack_webhook.admission.requests import admission_review
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.cli.main import main
 
 
 def write(path: Path, *docs: Any) -> Path:
@@ -225,7 +225,7 @@ def test_piped_into_head_no_broken_pipe_traceback(tmp_path: Path) -> None:
 
     pods = [make_pod([container("cuda", gpu=1)], name=f"p{i}") for i in range(400)]
     path = write(tmp_path / "many.yaml", *pods)
-    script = (f"{sys.executable} -c 'from gpu_stack_webhook.cli import main; import sys; "
+    script = (f"{sys.executable} -c 'from gpu_stack_webhook.cli.main import main; import sys; "
               f"sys.exit(main([\"check\", \"-f\", \"{path}\"]))' | head -n 1")
     done = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], capture_output=True, text=True, timeout=120,
                           check=False)

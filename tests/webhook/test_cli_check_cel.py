@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu_stack_webhook.cli import main
+from gpu_stack_webhook.cli.main import main
 
 DEMO = Path(__file__).resolve().parents[2] / "hack" / "demo" / "manifests"
 

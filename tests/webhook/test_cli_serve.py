@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpu_stack_webhook.cli import build_parser
+from gpu_stack_webhook.cli.main import build_parser
 from tls_helpers import Pki, cli_command, free_port, make_pki
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from gpu_stack_webhook.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config, parse_config
-from gpu_stack_webhook.rules import RULE_IDS
-from gpu_stack_webhook.sharing import SharingIndex, Strategy
+from gpu_stack_webhook.policy.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config, parse_config
+from gpu_stack_webhook.policy.rules import RULE_IDS
+from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
 
 EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 

@@ -21,9 +21,11 @@ from conftest import (
     review,
     wrap,
 )
-from gpu_stack_webhook.admission import parse_review
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.rules import RULE_IDS, RULES, Rule
+from gpu_stack_webhook.admission import decide as admission_decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
 
 VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
 DEVICES = "/var/run/nvidia-container-devices/all"
@@ -314,7 +316,8 @@ CRASHING = Rule(id="GPU999", name="crashes", summary="always raises", check=_boo
 def test_crashing_rule_fails_closed_at_validate() -> None:
     # a bug in a rule must not let pods through /validate: 500, naming the rule
     policy = Policy(config_default(), rules=(*RULES, CRASHING))
-    decision = policy.review(parse_review(review(make_pod([container("cuda", gpu=1)]))), Endpoint.VALIDATE)
+    request = parse_review(review(make_pod([container("cuda", gpu=1)])))
+    decision = admission_decide.review(policy, request, Endpoint.VALIDATE)
     assert not decision.allowed and decision.code == 500
     assert "GPU999" in decision.message and "KeyError" in decision.message
     assert decision.rules == ("GPU999",) and dict(decision.audit) == {"internal-error": "GPU999"}
@@ -323,7 +326,8 @@ def test_crashing_rule_fails_closed_at_validate() -> None:
 def test_crashing_rule_does_not_block_mutate() -> None:
     # /mutate allows unpatched with a warning; /validate is where the decision is made
     policy = Policy(config_default(), rules=(CRASHING,))
-    decision = policy.review(parse_review(review(make_pod([container("cuda", requests={GPU: 1})]))), Endpoint.MUTATE)
+    request = parse_review(review(make_pod([container("cuda", requests={GPU: 1})])))
+    decision = admission_decide.review(policy, request, Endpoint.MUTATE)
     assert decision.allowed and decision.patch == ()
     assert decision.warnings == ("gpu-stack: internal error in rule GPU999; the pod was not mutated",)
 
@@ -333,7 +337,7 @@ def test_crashing_rule_on_a_disabled_list_never_runs() -> None:
     config = config_default(rules={"disabled": sorted(RULE_IDS)})
     policy = Policy(config)
     assert policy.rules == ()
-    assert policy.review(parse_review(review(bad_pod())), Endpoint.VALIDATE).allowed
+    assert admission_decide.review(policy, parse_review(review(bad_pod())), Endpoint.VALIDATE).allowed
 
 
 # --- idempotency -------------------------------------------------------------------------------------

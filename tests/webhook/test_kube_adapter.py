@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import recorded
-from gpu_stack_webhook.facts import ApiFacts
-from gpu_stack_webhook.kube import (
+from gpu_stack_webhook.kube.client import (
     MUTATING,
     VALIDATING,
     AlreadyExists,
@@ -23,6 +22,7 @@ from gpu_stack_webhook.kube import (
     SecretObject,
     ca_bundle_patch,
 )
+from gpu_stack_webhook.kube.lookups import ApiFacts
 from kube_replay import Replay, replaying
 from kubernetes import client
 from tls_helpers import Pki, free_port, make_pki

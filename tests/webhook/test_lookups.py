@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 from conftest import GPU, apply_patch, config_default, config_mps, container, make_pod, review, wrap
-from gpu_stack_webhook.admission import MAX_WARNING_CHARS, Decision, build_response, parse_review
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.facts import OFFLINE, ApiFacts, ClusterFacts
+from gpu_stack_webhook.admission import decide as admission_decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, parse_review
+from gpu_stack_webhook.kube.lookups import ApiFacts
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from kube_fake import FakeKube
 
 NS = "team-a"
@@ -26,7 +29,7 @@ def decide(obj: dict[str, Any], endpoint: str, facts: ClusterFacts, config: Poli
            kind: str = "Pod") -> Decision:
     policy = Policy(config or config_default(), facts=facts)
     request = parse_review(review(obj, kind=kind, namespace=NS))
-    return policy.review(request, Endpoint(endpoint))
+    return admission_decide.review(policy, request, Endpoint(endpoint))
 
 
 def env_from_pod(ref: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -105,7 +108,7 @@ def test_an_unreachable_api_falls_back_to_the_offline_warning_and_says_so() -> N
 
 
 def test_missing_permission_is_a_fallback_too() -> None:
-    from gpu_stack_webhook.kube import Forbidden  # noqa: PLC0415
+    from gpu_stack_webhook.kube.client import Forbidden  # noqa: PLC0415
 
     fake = fake_with({"NVIDIA_VISIBLE_DEVICES"})
     fake.fail_next["read_configmap"] = [Forbidden(403, "Forbidden", "cannot get resource configmaps")]
@@ -146,7 +149,8 @@ def test_update_denies_only_what_is_new() -> None:
     fake = fake_with({"NVIDIA_VISIBLE_DEVICES"})
     pod = env_from_pod({"configMapRef": {"name": CM}})
     body = review(pod, kind="Pod", namespace=NS, operation="UPDATE", old=pod)
-    decision = Policy(config_default(), facts=facts_for(fake)).review(parse_review(body), Endpoint.VALIDATE)
+    policy = Policy(config_default(), facts=facts_for(fake))
+    decision = admission_decide.review(policy, parse_review(body), Endpoint.VALIDATE)
     assert decision.allowed  # the pod already imported it when it was created
 
 

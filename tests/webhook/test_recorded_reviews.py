@@ -21,9 +21,11 @@ from conftest import (
     recorded_names,
     recorded_params,
 )
-from gpu_stack_webhook.admission import build_response, parse_review
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.engine import Endpoint, Policy
+from gpu_stack_webhook.admission import decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import build_response, parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
 
 # The recorded apiserver is v1.36; kubernetes-validate ships that schema.
 K8S_SCHEMA_VERSION = "1.36.0"
@@ -114,7 +116,7 @@ def endpoint_of(name: str) -> Endpoint:
 
 def answer(body: dict[str, Any], endpoint: Endpoint, config: PolicyConfig | None = None) -> dict[str, Any]:
     request = parse_review(body)
-    decision = (Policy(config) if config else policy()).review(request, endpoint)
+    decision = decide.review((Policy(config) if config else policy()), request, endpoint)
     return build_response(request.uid, decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
 
 
@@ -189,9 +191,9 @@ def test_gpu_stack_namespace_is_judged_with_this_policy_and_exempt_by_default() 
     body = recorded("admission-requests/pod-privileged-gpu-psa-baseline-mutate.json")
     assert body["request"]["namespace"] == "gpu-stack"
     request = parse_review(body)
-    judged = policy().review(request, Endpoint.VALIDATE)
+    judged = decide.review(policy(), request, Endpoint.VALIDATE)
     assert not judged.allowed and judged.rules == ("GPU003",)
-    default = Policy(PolicyConfig()).review(request, Endpoint.VALIDATE)
+    default = decide.review(Policy(PolicyConfig()), request, Endpoint.VALIDATE)
     assert default.allowed and default.skipped == "namespace gpu-stack is exempt"
 
 

@@ -23,7 +23,7 @@ from conftest import (
     recorded_params,
     wrap,
 )
-from gpu_stack_webhook.admission import MAX_WARNING_CHARS, Decision, build_response, short_warning
+from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, short_warning
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 OPS = ({"op": "add", "path": "/spec/hostIPC", "value": True},)

@@ -24,7 +24,7 @@ from conftest import (
     pod_with,
     wrap,
 )
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU007"
 DIR = "/var/run/nvidia-container-devices"

@@ -23,7 +23,7 @@ from conftest import (
     summary,
     wrap,
 )
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU001"
 REQ = f"resources.requests[{GPU}]"

@@ -24,8 +24,8 @@ from conftest import (
     pod_with,
     wrap,
 )
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU005"
 MIG = "nvidia.com/mig-1g.5gb"

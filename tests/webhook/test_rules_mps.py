@@ -23,8 +23,8 @@ from conftest import (
     pod_with,
     wrap,
 )
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU006"
 MPS_LABEL = "nvidia.com/mps.capable"

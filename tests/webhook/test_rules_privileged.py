@@ -21,7 +21,7 @@ from conftest import (
     summary,
     wrap,
 )
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU003"
 PRIV = "securityContext.privileged"

@@ -27,8 +27,8 @@ from conftest import (
     pod_with,
     wrap,
 )
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU004"
 

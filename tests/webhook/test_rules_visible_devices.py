@@ -20,7 +20,7 @@ from conftest import (
     summary,
     wrap,
 )
-from gpu_stack_webhook.findings import Severity
+from gpu_stack_webhook.policy.findings import Severity
 
 RULE = "GPU002"
 VAR = "NVIDIA_VISIBLE_DEVICES"

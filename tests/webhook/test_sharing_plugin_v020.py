@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import make_config
-from gpu_stack_webhook.sharing import SharingIndex, Strategy
+from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
 
 
 def index(plugin: dict[str, Any]) -> SharingIndex:

@@ -36,10 +36,12 @@ from typing import Any
 import pytest
 import yaml
 from conftest import apply_patch, container, make_config, make_pod, recorded, review, wrap
-from gpu_stack_webhook.admission import parse_review
-from gpu_stack_webhook.config import PolicyConfig
-from gpu_stack_webhook.engine import Endpoint, Policy
-from gpu_stack_webhook.facts import ApiFacts
+from gpu_stack_webhook.admission import decide as admission_decide
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.kube.lookups import ApiFacts
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import Policy
 from kube_fake import FakeKube, fake_apiserver, kubeconfig
 from tls_helpers import Client, Server, make_pki, running_server
 
@@ -190,8 +192,8 @@ def test_offline_through_the_policy(name: str) -> None:
 
     def decide(path: str, body: dict[str, Any]) -> dict[str, Any]:
         endpoint = Endpoint(path.strip("/"))
-        decision = policy.review(parse_review(body), endpoint)
-        from gpu_stack_webhook.admission import build_response  # noqa: PLC0415
+        decision = admission_decide.review(policy, parse_review(body), endpoint)
+        from gpu_stack_webhook.admission.review import build_response  # noqa: PLC0415
 
         return build_response(body["request"]["uid"], decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
 
@@ -202,7 +204,8 @@ def test_offline_through_the_policy(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.rule])
 def test_workload_templates_are_judged_alike(name: str) -> None:
     case = CASES[name]
-    decision = Policy(_policy()).review(parse_review(review(wrap(case.pod, "Deployment"))), Endpoint.VALIDATE)
+    request = parse_review(review(wrap(case.pod, "Deployment")))
+    decision = admission_decide.review(Policy(_policy()), request, Endpoint.VALIDATE)
     assert decision.allowed is False and case.rule in decision.message
 
 
@@ -261,7 +264,7 @@ def test_kubectl_debug_recorded_review(client: Client, name: str) -> None:
     capabilities, allowed = DEBUG[name]
     body = _debug_review(capabilities)
     assert body["request"]["subResource"] == "ephemeralcontainers" and body["request"]["operation"] == "UPDATE"
-    offline = Policy(_policy()).review(parse_review(body), Endpoint.VALIDATE)
+    offline = admission_decide.review(Policy(_policy()), parse_review(body), Endpoint.VALIDATE)
     live = _live(client)("/validate", body)
     for allowed_now, message in ((offline.allowed, offline.message), (live["allowed"], live.get("status", {})
                                                                        .get("message", ""))):
@@ -289,7 +292,7 @@ def _fake() -> FakeKube:
 @pytest.mark.parametrize(("node", "allowed"), [("mps-node", False), ("plain-node", True)])
 def test_node_name_pods_use_their_nodes_config_with_lookups(node: str, allowed: bool) -> None:
     policy = Policy(_policy(), facts=ApiFacts(_fake()))
-    decision = policy.review(parse_review(review(_pinned(node))), Endpoint.VALIDATE)
+    decision = admission_decide.review(policy, parse_review(review(_pinned(node))), Endpoint.VALIDATE)
     assert decision.allowed is allowed, decision.message
     if not allowed:
         assert "GPU004" in decision.message and "mps-bare" in decision.message
@@ -297,7 +300,7 @@ def test_node_name_pods_use_their_nodes_config_with_lookups(node: str, allowed: 
 
 def test_node_name_offline_keeps_judging_every_config() -> None:
     # offline (check, lookups off): a split verdict over all configs is a warning, as before
-    decision = Policy(_policy()).review(parse_review(review(_pinned("mps-node"))), Endpoint.VALIDATE)
+    decision = admission_decide.review(Policy(_policy()), parse_review(review(_pinned("mps-node"))), Endpoint.VALIDATE)
     assert decision.allowed is True
     assert any("GPU004" in w for w in decision.warnings)
 
@@ -383,7 +386,7 @@ def test_above_the_limit_is_a_real_413(server: Server) -> None:
 def test_node_name_of_an_unknown_node_falls_back_to_every_config() -> None:
     fake = _fake()
     policy = Policy(_policy(), facts=ApiFacts(fake))
-    decision = policy.review(parse_review(review(_pinned("no-such-node"))), Endpoint.VALIDATE)
+    decision = admission_decide.review(policy, parse_review(review(_pinned("no-such-node"))), Endpoint.VALIDATE)
     assert decision.allowed is True and any("GPU004" in w for w in decision.warnings)
     assert ("read_node", ("no-such-node",)) in fake.calls
 
@@ -391,5 +394,5 @@ def test_node_name_of_an_unknown_node_falls_back_to_every_config() -> None:
 def test_node_without_the_label_uses_the_default_config() -> None:
     policy = Policy(make_config({**POLICY, "sharing": {**POLICY["sharing"], "defaultConfig": "mps-bare"}}),
                     facts=ApiFacts(_fake()))
-    decision = policy.review(parse_review(review(_pinned("plain-node"))), Endpoint.VALIDATE)
+    decision = admission_decide.review(policy, parse_review(review(_pinned("plain-node"))), Endpoint.VALIDATE)
     assert decision.allowed is False and "mps-bare" in decision.message

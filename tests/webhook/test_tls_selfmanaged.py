@@ -13,10 +13,18 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from gpu_stack_webhook.certs import KeyPair, make_ca, make_serving_cert
-from gpu_stack_webhook.cluster import bootstrap
-from gpu_stack_webhook.kube import MUTATING, VALIDATING, ApiUnavailable, Conflict, Forbidden, KubeError, SecretObject
-from gpu_stack_webhook.selfmanaged import (
+from gpu_stack_webhook.kube.client import (
+    MUTATING,
+    VALIDATING,
+    ApiUnavailable,
+    Conflict,
+    Forbidden,
+    KubeError,
+    SecretObject,
+)
+from gpu_stack_webhook.server.cluster import bootstrap
+from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
+from gpu_stack_webhook.tls.selfmanaged import (
     CA_CRT,
     CA_KEY,
     CA_NEXT_KEY,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpu_stack_webhook.certs import PkiFiles, write_loopback_pki
+from gpu_stack_webhook.tls.certs import PkiFiles, write_loopback_pki
 
 STARTUP_SECONDS = 60
 STOP_SECONDS = 30
@@ -197,7 +197,7 @@ def cli_command() -> list[str]:
     if script.is_file():
         return [str(script)]
     found = shutil.which("gpu-stack-webhook")
-    return [found] if found else [sys.executable, "-m", "gpu_stack_webhook.cli"]
+    return [found] if found else [sys.executable, "-m", "gpu_stack_webhook.cli.main"]
 
 
 @dataclass

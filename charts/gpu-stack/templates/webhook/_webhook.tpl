@@ -26,7 +26,7 @@
 {{- end }}
 
 {{/*
-The webhook's policy file (webhook/src/gpu_stack_webhook/config.py). sharing.configs is exactly the
+The webhook's policy file (webhook/src/gpu_stack_webhook/policy/config.py). sharing.configs is exactly the
 device plugin config files of gpu-stack.devicePluginConfigs, so the webhook judges pods against what
 the nodes expose.
 */}}

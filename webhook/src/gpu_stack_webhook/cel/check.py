@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import PolicyConfig
-from ..engine import JUDGED_KINDS
-from ..pod import POD_SPEC_LOCATIONS
-from . import mutating, runtime, validating
-from .library import config_values
+from gpu_stack_webhook.cel import mutating, runtime, validating
+from gpu_stack_webhook.cel.library import config_values
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.engine import JUDGED_KINDS
+from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS
 
 POLICY_PREFIX = "gpu-stack"  # the policy names of a release called gpu-stack (the README's install command)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import PolicyConfig
-from ..pod import CONTAINER_FIELDS
-from ..rules.gpu_limits import FRACTION_HINT
-from ..sharing import SharingIndex
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS
+from gpu_stack_webhook.policy.rules.gpu_limits import FRACTION_HINT
+from gpu_stack_webhook.policy.sharing import SharingIndex
 
 Variable = tuple[str, str]  # (name, CEL expression)
 

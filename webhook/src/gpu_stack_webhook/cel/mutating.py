@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules import gpu_limits, mps, runtime_class
-from .library import ALLOCATED, CANDIDATES, GPU_AMOUNTS, POD_VARIABLES, Variable, quantity_ok
+from gpu_stack_webhook.cel.library import ALLOCATED, CANDIDATES, GPU_AMOUNTS, POD_VARIABLES, Variable, quantity_ok
+from gpu_stack_webhook.policy.rules import gpu_limits, mps, runtime_class
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import jsonpatch
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional, ext_strings
 
-from ..pod import parse_count
-from .library import Variable, lower_binds
-from .render import policy_variables
+from gpu_stack_webhook.cel.library import Variable, lower_binds
+from gpu_stack_webhook.cel.render import policy_variables
+from gpu_stack_webhook.policy.pod import parse_count
 
 
 class CelError(Exception):

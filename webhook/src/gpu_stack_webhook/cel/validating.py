@@ -14,8 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules import device_bypass, gpu_limits, privileged, visible_devices
-from .library import ALLOCATED, CANDIDATES, FRACTION, GPU_AMOUNTS, POD_VARIABLES, Variable, quantity_ok
+from gpu_stack_webhook.cel.library import (
+    ALLOCATED,
+    CANDIDATES,
+    FRACTION,
+    GPU_AMOUNTS,
+    POD_VARIABLES,
+    Variable,
+    quantity_ok,
+)
+from gpu_stack_webhook.policy.rules import device_bypass, gpu_limits, privileged, visible_devices
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""From an admission request to a Decision: which requests are judged, and what the findings mean.
+
+/mutate judges Pods being created: it returns the patches the rules propose, and denies early only
+what Kubernetes would reject before the validating webhooks run (listing every violation found).
+/validate judges Pods and the pod templates of workloads: every denial, every warning. On UPDATE
+only findings that the old object did not already have count, so a pod or workload that was fine
+when it was created is never denied for a rule added later.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from gpu_stack_webhook.admission.review import AdmissionRequest, Decision
+from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Evaluation, Policy, RuleCrashed
+from gpu_stack_webhook.policy.facts import ClusterFacts
+from gpu_stack_webhook.policy.findings import Finding
+from gpu_stack_webhook.policy.pod import NotAPodError
+
+
+class Endpoint(enum.Enum):
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
+           facts: ClusterFacts | None = None) -> Decision:
+    """The decision for one request. `facts` (default: the policy's) answer the rules' cluster lookups."""
+    skipped = skip_reason(policy, request, endpoint)
+    if skipped:
+        return Decision(allowed=True, skipped=skipped)
+    assert request.object is not None
+    can_patch = endpoint is Endpoint.MUTATE and request.kind == "Pod" and request.operation == "CREATE"
+    ns = request.namespace
+    try:
+        evaluation = policy.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts)
+        if request.operation == "UPDATE" and request.old_object is not None:
+            evaluation = policy.new_findings(evaluation, request.old_object, request.kind, ns, facts)
+    except NotAPodError as error:
+        return Decision(allowed=False, code=400, message=f"gpu-stack: {error}", rules=())
+    except RuleCrashed as crash:
+        return _crashed(crash, endpoint)
+    return _decide(evaluation, endpoint)
+
+
+def skip_reason(policy: Policy, request: AdmissionRequest, endpoint: Endpoint) -> str:
+    if request.operation not in ("CREATE", "UPDATE"):
+        return f"operation {request.operation}"
+    if (request.group, request.kind) not in JUDGED_KINDS:
+        return f"kind {request.group or 'core'}/{request.kind}"
+    if policy.is_exempt(request.namespace):
+        return f"namespace {request.namespace} is exempt"
+    if request.object is None:
+        return "no object"
+    if request.sub_resource and request.sub_resource != "ephemeralcontainers":
+        return f"subresource {request.sub_resource}"
+    if endpoint is Endpoint.MUTATE and request.operation == "UPDATE":
+        return "UPDATE is not mutated"
+    return ""
+
+
+def denial_message(denials: Iterable[Finding]) -> str:
+    texts = [f.text for f in denials]
+    if len(texts) == 1:
+        return texts[0]
+    return f"{len(texts)} GPU policy violations: " + "; ".join(f"[{i}] {t}" for i, t in enumerate(texts, 1))
+
+
+def warning_text(finding: Finding) -> str:
+    return f"gpu-stack {finding.rule_id}: {finding.message}"
+
+
+def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
+    denials = evaluation.denials
+    if endpoint is Endpoint.MUTATE:
+        if any(f.deny_early for f in denials):
+            return _deny(denials)
+        changes = [f for f in evaluation.warnings if f.patch or f.on_mutate]
+        return Decision(
+            allowed=True,
+            warnings=tuple(warning_text(f) for f in changes),
+            patch=tuple(evaluation.patch),
+            rules=_rule_ids(changes),
+            audit={"mutations": ",".join(_rule_ids(changes))} if changes else {},
+        )
+    if denials:
+        return _deny(denials, evaluation.warnings)
+    warned = evaluation.warnings
+    return Decision(
+        allowed=True,
+        warnings=tuple(warning_text(f) for f in warned),
+        rules=_rule_ids(warned),
+        audit={"warnings": ",".join(_rule_ids(warned))} if warned else {},
+    )
+
+
+def _deny(denials: list[Finding], warnings: Iterable[Finding] = ()) -> Decision:
+    warned = list(warnings)
+    return Decision(
+        allowed=False,
+        code=403,
+        message=denial_message(denials),
+        warnings=tuple(warning_text(f) for f in warned),
+        rules=_rule_ids([*denials, *warned]),
+        audit={"denied-by": ",".join(_rule_ids(denials))},
+    )
+
+
+def _crashed(crash: RuleCrashed, endpoint: Endpoint) -> Decision:
+    if endpoint is Endpoint.MUTATE:
+        return Decision(
+            allowed=True,
+            warnings=(f"gpu-stack: internal error in rule {crash.rule.id}; the pod was not mutated",),
+            rules=(crash.rule.id,),
+            audit={"internal-error": crash.rule.id},
+        )
+    return Decision(
+        allowed=False,
+        code=500,
+        message=f"gpu-stack internal error in rule {crash.rule.id} (denied to fail closed): {crash}",
+        rules=(crash.rule.id,),
+        audit={"internal-error": crash.rule.id},
+    )
+
+
+def _rule_ids(findings: Iterable[Finding]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f.rule_id for f in findings))

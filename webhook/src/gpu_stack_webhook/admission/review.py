@@ -1,0 +1,125 @@
+"""admission.k8s.io/v1 on the wire: parse an AdmissionReview, build the one response shape we send.
+
+Pure functions. A review we cannot read raises `BadReview` (the HTTP layer answers 400); everything
+about the object itself is a `Decision` answered inside a proper AdmissionReview response.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gpu_stack_webhook.policy.findings import JsonPatchOp
+
+API_VERSION = "admission.k8s.io/v1"
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+MAX_WARNING_CHARS = 120
+REASONS = {400: "BadRequest", 403: "Forbidden", 500: "InternalError"}
+
+
+class BadReview(ValueError):
+    """The body is not an admission.k8s.io/v1 AdmissionReview request we can answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    uid: str
+    group: str
+    version: str
+    kind: str
+    operation: str
+    namespace: str
+    name: str
+    sub_resource: str
+    object: Mapping[str, Any] | None
+    old_object: Mapping[str, Any] | None
+    dry_run: bool
+
+    @property
+    def display_name(self) -> str:
+        """namespace/name for logs and messages; generateName+ when the server has not named it yet."""
+        name = self.name
+        if not name and isinstance(self.object, Mapping):
+            meta = self.object.get("metadata") or {}
+            name = meta.get("name") or (f"{meta.get('generateName', '')}*" if meta.get("generateName") else "")
+        return f"{self.namespace}/{name}" if self.namespace else str(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    code: int = 200
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: tuple[JsonPatchOp, ...] = ()
+    # Rule IDs that produced a finding counted in this decision (audit annotation and metrics).
+    rules: tuple[str, ...] = ()
+    # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
+    skipped: str = ""
+    audit: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_review(body: Any) -> AdmissionRequest:
+    """Validate the envelope of an AdmissionReview request (already JSON-decoded)."""
+    if not isinstance(body, Mapping):
+        raise BadReview("body must be a JSON object (an AdmissionReview)")
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != "AdmissionReview":
+        raise BadReview(f"expected apiVersion {API_VERSION} kind AdmissionReview, "
+                        f"got {body.get('apiVersion')!r} {body.get('kind')!r}")
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise BadReview("AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing")
+    kind = request.get("kind")
+    if not isinstance(kind, Mapping) or not isinstance(kind.get("kind"), str):
+        raise BadReview("request.kind is missing")
+    operation = request.get("operation")
+    if not isinstance(operation, str) or operation not in OPERATIONS:  # a list or object is unhashable
+        raise BadReview(f"request.operation {operation!r} is not one of {sorted(OPERATIONS)}")
+    obj, old = request.get("object"), request.get("oldObject")
+    for key, value in (("object", obj), ("oldObject", old)):
+        if value is not None and not isinstance(value, Mapping):
+            raise BadReview(f"request.{key} must be an object or null")
+    return AdmissionRequest(
+        uid=uid,
+        group=str(kind.get("group") or ""),
+        version=str(kind.get("version") or ""),
+        kind=kind["kind"],
+        operation=operation,
+        namespace=str(request.get("namespace") or ""),
+        name=str(request.get("name") or ""),
+        sub_resource=str(request.get("subResource") or ""),
+        object=obj,
+        old_object=old,
+        dry_run=bool(request.get("dryRun")),
+    )
+
+
+def short_warning(text: str) -> str:
+    """kubectl prints each warning on its own line; Kubernetes asks to keep them under 120 characters."""
+    return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 1] + "…"
+
+
+def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[str, Any]:
+    """The AdmissionReview response: uid, apiVersion and kind echoed; status on denial; patch only
+    when `allow_patch` (the mutating endpoint) and the object is allowed."""
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        code = decision.code if decision.code in REASONS else 403
+        response["status"] = {"code": code, "reason": REASONS[code], "message": decision.message}
+    if decision.warnings:
+        response["warnings"] = [short_warning(w) for w in decision.warnings]
+    if allow_patch and decision.allowed and decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(
+            orjson.dumps(list(decision.patch))
+        ).decode()
+    if decision.audit:
+        response["auditAnnotations"] = dict(decision.audit)
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}

@@ -1,0 +1,94 @@
+"""`gpu-stack-webhook inspect` and the kubectl plugin `kubectl gpu-stack inspect` (console script
+`kubectl-gpu_stack`): argument parsing only; data from inspect_kube, model from inspect_model, output
+from inspect_render.
+
+Exit status: 0 printed, 1 the cluster could not be read (the message says why), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_stack_webhook.inspect import model as inspect_model
+from gpu_stack_webhook.inspect import render as inspect_render
+from gpu_stack_webhook.kube import inspect as inspect_kube
+from gpu_stack_webhook.policy.config import ConfigError
+
+PLUGIN_PROG = "kubectl gpu-stack"
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=inspect_render.OUTPUTS, default="table",
+                        help="table (default), wide (more columns), json or yaml (schema "
+                             f"{inspect_model.SCHEMA_VERSION})")
+    parser.add_argument("--node", action="append", default=[], metavar="NAME",
+                        help="only this node; repeatable")
+    parser.add_argument("-l", "--selector", metavar="SELECTOR",
+                        help="only nodes matching this label selector, e.g. nvidia.com/gpu.product=Tesla-T4")
+    parser.add_argument("-n", "--namespace",
+                        help="list only this namespace's pods as holders (requested and free still count all pods)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--configmap-namespace", default="gpu-stack",
+                        help="namespace of the gpu-stack release (default %(default)s)")
+    parser.add_argument("--configmap", default="gpu-stack-device-plugin-configs",
+                        help="the chart's device plugin ConfigMap, <fullname>-device-plugin-configs "
+                             "(default %(default)s)")
+    parser.add_argument("--chunk-size", type=_positive, default=inspect_kube.DEFAULT_CHUNK_SIZE,
+                        help="objects per list request (default %(default)s)")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="auto: on a terminal unless NO_COLOR is set (default)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the objects read, requests made and seconds taken to stderr")
+
+
+def run(args: argparse.Namespace, api: Any = None) -> int:
+    """`api`: an already configured kubernetes ApiClient (tests); else the user's kubeconfig."""
+    query = inspect_kube.Query(nodes=tuple(args.node), node_selector=args.selector, namespace=args.namespace,
+                               configmap_namespace=args.configmap_namespace, configmap_name=args.configmap,
+                               chunk_size=args.chunk_size)
+    try:
+        api = api or inspect_kube.api_client(args.kubeconfig, args.context)
+        snapshot = inspect_kube.fetch(api, query)
+    except inspect_kube.InspectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    notes = list(snapshot.notes)
+    sharing = None
+    if snapshot.configs is not None:
+        try:
+            sharing = inspect_model.sharing_from_configmap(snapshot.configs, snapshot.default_config)
+        except ConfigError as exc:
+            notes.append(f"ConfigMap {query.configmap_namespace}/{query.configmap_name}: {exc}")
+    report = inspect_model.build_report(snapshot.nodes, snapshot.pods, sharing, holder_namespace=args.namespace,
+                                        notes=notes)
+    color = args.output in ("table", "wide") and inspect_render.color_wanted(args.color, sys.stdout)
+    sys.stdout.write(inspect_render.render(report, args.output, color=color))
+    if args.verbose:
+        print(f"read {len(snapshot.nodes)} nodes and {len(snapshot.pods)} pods in {snapshot.requests} requests, "
+              f"{snapshot.seconds:.2f} s", file=sys.stderr)
+    return EXIT_OK
+
+
+def plugin_main(argv: Sequence[str] | None = None) -> int:
+    """`kubectl gpu-stack inspect ...` (kubectl runs `kubectl-gpu_stack inspect ...`)."""
+    parser = argparse.ArgumentParser(prog=PLUGIN_PROG, description="gpu-stack: see the cluster's GPUs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what")
+    add_arguments(inspect)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(plugin_main())

@@ -1,0 +1,330 @@
+"""`gpu-stack-webhook`: serve the webhook (gunicorn over TLS), check manifests offline, or inspect the
+cluster's GPUs (inspect_cli; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
+
+    gpu-stack-webhook serve --config policy.yaml --cert tls.crt --key tls.key --bind 0.0.0.0:8443
+    gpu-stack-webhook check -f manifests/ [-f pod.yaml ...] [--config policy.yaml]
+    gpu-stack-webhook inspect [-o wide|json|yaml] [--node NAME] [-l SELECTOR] [-n NAMESPACE]
+
+`check` sends every object through the same code as the HTTP endpoints (an AdmissionReview built by
+`admission_review`, answered by `app.answer_review`): the mutating pass, its JSONPatch applied, then
+the validating pass on the patched object. Exit status: 0 all allowed, 1 something denied, 2 input or
+config unreadable (takes precedence: the results are incomplete).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import json
+import logging.config
+import os
+import ssl
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import jsonpatch
+import yaml
+from gunicorn.app.base import BaseApplication
+
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.requests import admission_review
+from gpu_stack_webhook.admission.review import REASONS
+from gpu_stack_webhook.cli import inspect as inspect_cli
+from gpu_stack_webhook.policy.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.server import cluster, gunicorn_conf
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from gpu_stack_webhook.server.app import Answer
+
+# `.app` imports prometheus_client, which chooses between in-memory and multiprocess (file) values when
+# first imported; `serve` must export PROMETHEUS_MULTIPROC_DIR before that, so `.app` is imported late.
+
+PROG = "gpu-stack-webhook"
+WEBHOOK_NAMES = {"mutate": "mutate.gpu-stack.io", "validate": "validate.gpu-stack.io"}
+YAML_SUFFIXES = (".yaml", ".yml")
+EXIT_OK, EXIT_DENIED, EXIT_INPUT = 0, 1, 2
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def _load_policy(path: str | None) -> PolicyConfig:
+    return load_config(path or os.environ.get(CONFIG_ENV) or None)
+
+
+# --- serve --------------------------------------------------------------------------------------------
+
+
+def _check_tls_files(cert: str, key: str) -> None:
+    """Fail before gunicorn binds anything when the pair cannot be loaded (gunicorn would only notice
+    in each worker, on the first connection)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile=cert, keyfile=key)
+    except ssl.SSLError as exc:  # before OSError: SSLError is one
+        raise ValueError(f"TLS certificate {cert} and key {key} cannot be used: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read TLS certificate {cert} / key {key}: {exc.strerror or exc}") from None
+
+
+def serve(args: argparse.Namespace) -> int:
+    config_path = args.config or os.environ.get(CONFIG_ENV) or None
+    try:
+        policy = _load_policy(config_path)
+        if args.tls_mode != "files" or args.cluster_lookups:  # the setup logs as gunicorn will: JSON lines
+            logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
+        prepared = cluster.prepare(args)  # self-managed TLS: Secret, caBundle and files, before binding
+        _check_tls_files(prepared.certfile, prepared.keyfile)
+        options = gunicorn_conf.ServeOptions.with_env_defaults(
+            bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
+            threads=args.threads
+        )
+    except (ConfigError, ValueError) as exc:
+        return _fail(str(exc))
+    options = gunicorn_conf.ServeOptions(**{**options.__dict__, "log_level": args.log_level})
+
+    gunicorn_conf.prepare_metrics_dir()
+    try:
+        from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: PLC0415 (after prepare_metrics_dir, see above)
+
+        app_config = AppConfig(policy=policy, policy_path=config_path, facts=prepared.facts)
+        if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
+            app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
+
+        class WebhookServer(BaseApplication):  # type: ignore[misc,unused-ignore]
+            def load_config(self) -> None:
+                for name, value in {**gunicorn_conf.settings(options), **prepared.gunicorn_settings}.items():
+                    self.cfg.set(name, value)
+
+            def load(self) -> Flask:
+                return create_app(app_config)
+
+        WebhookServer(prog=PROG).run()
+    finally:
+        gunicorn_conf.remove_metrics_dir()
+    return EXIT_OK
+
+
+# --- check --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    source: str
+    ref: str
+    outcome: str  # allowed | patched | denied | skipped
+    detail: str = ""
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+    def lines(self) -> Iterator[str]:
+        yield f"{self.ref} ({self.source}): {self.outcome}" + (f" ({self.detail})" if self.detail else "")
+        yield from (f"Warning: {w}" for w in self.warnings)
+        yield from self.errors
+        if self.patch:
+            yield "JSONPatch:"
+            yield from (f"  {json.dumps(op, separators=(',', ':'))}" for op in self.patch)
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "<unnamed>")
+    return f"{str(obj.get('kind')).lower()}/{name}"
+
+
+def _answer(policy: Policy, endpoint: Endpoint, body: Mapping[str, Any]) -> Answer:
+    from gpu_stack_webhook.server.app import answer_review  # noqa: PLC0415 (see the module imports)
+
+    return answer_review(policy, endpoint, body)
+
+
+def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace: str) -> CheckResult:
+    result = CheckResult(source=source, ref=_ref(obj), outcome="allowed")
+
+    def denied(endpoint: Endpoint, response: Mapping[str, Any]) -> CheckResult:
+        status = response.get("status") or {}
+        reason = REASONS.get(int(status.get("code") or 403), "Forbidden")
+        result.outcome = "denied"
+        result.errors.append(
+            f'Error from server ({reason}): error when creating "{source}": admission webhook '
+            f'"{WEBHOOK_NAMES[endpoint.value]}" denied the request: {status.get("message", "")}'
+        )
+        return result
+
+    # as `kubectl create -n NAMESPACE`: an object that names its own namespace keeps it
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    namespace = str(meta.get("namespace") or namespace)
+    mutated = _answer(policy, Endpoint.MUTATE, admission_review(obj, namespace=namespace, dry_run=True))
+    response = mutated.response["response"]
+    result.warnings.extend(response.get("warnings", []))
+    if not response["allowed"]:
+        return denied(Endpoint.MUTATE, response)
+    target: Any = mutated.request.object
+    if "patch" in response:
+        result.patch = json.loads(base64.b64decode(response["patch"]))
+        target = jsonpatch.apply_patch(target, result.patch)
+        result.outcome = "patched"
+    validated = _answer(policy, Endpoint.VALIDATE, admission_review(target, namespace=namespace, dry_run=True))
+    response = validated.response["response"]
+    result.warnings.extend(response.get("warnings", []))
+    if not response["allowed"]:
+        return denied(Endpoint.VALIDATE, response)
+    if mutated.decision.skipped and validated.decision.skipped:
+        result.outcome, result.detail = "skipped", validated.decision.skipped
+    return result
+
+
+def check_object_cel(config: PolicyConfig, obj: Mapping[str, Any], source: str, namespace: str) -> CheckResult:
+    """The chart's CEL admission policies instead of the webhook (cel/check.py)."""
+    from gpu_stack_webhook.cel.check import evaluate_object  # noqa: PLC0415 - the CEL runtime loads only for --engine cel
+
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    outcome = evaluate_object(config, obj, source, str(meta.get("namespace") or namespace))
+    return CheckResult(source=source, ref=_ref(obj), outcome=outcome.outcome, detail=outcome.detail,
+                       errors=outcome.errors, patch=outcome.patch)
+
+
+def _yaml_files(path_arg: str) -> Iterator[Path]:
+    path = Path(path_arg)
+    if path.is_dir():
+        yield from sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
+    else:
+        yield path
+
+
+def _objects(docs: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    """Every object of the documents, `kind: *List` expanded; (document number, object)."""
+    for number, doc in enumerate(docs, 1):
+        if doc is None:
+            continue
+        kind = doc.get("kind") if isinstance(doc, Mapping) else None
+        if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+            for item in doc["items"]:
+                yield number, item
+        else:
+            yield number, doc
+
+
+def _read(source: str, stdin: IO[str]) -> list[Any]:
+    text = stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    return list(yaml.safe_load_all(text))
+
+
+def check(args: argparse.Namespace) -> int:
+    try:
+        policy = Policy(_load_policy(args.config))
+    except ConfigError as exc:
+        return _fail(str(exc))
+    unreadable = denied = False
+    seen = 0
+    for path_arg in args.filename:
+        files = list(_yaml_files(path_arg)) if path_arg != "-" else [Path("-")]
+        if not files:
+            print(f"{PROG}: {path_arg}: no *.yaml or *.yml files", file=sys.stderr)
+        for file in files:
+            source = "STDIN" if str(file) == "-" else str(file)
+            try:
+                docs = _read(str(file), sys.stdin)
+            except (OSError, UnicodeDecodeError) as exc:
+                unreadable = True
+                print(f"{PROG}: {source}: cannot read: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+                continue
+            except yaml.YAMLError as exc:
+                unreadable = True
+                print(f"{PROG}: {source}: not valid YAML: {exc}", file=sys.stderr)
+                continue
+            for number, obj in _objects(docs):
+                if not (isinstance(obj, Mapping) and obj.get("kind") and obj.get("apiVersion")):
+                    unreadable = True
+                    print(f"{PROG}: {source}: document {number} is not a Kubernetes object "
+                          "(no apiVersion and kind)", file=sys.stderr)
+                    continue
+                seen += 1
+                result = (check_object_cel(policy.config, obj, source, args.namespace) if args.engine == "cel"
+                          else check_object(policy, obj, source, args.namespace))
+                denied = denied or result.outcome == "denied"
+                print("\n".join(result.lines()))
+    if not seen and not unreadable:
+        print(f"{PROG}: no objects found", file=sys.stderr)
+    if unreadable:
+        return EXIT_INPUT
+    return EXIT_DENIED if denied else EXIT_OK
+
+
+# --- entry point --------------------------------------------------------------------------------------
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="gpu-stack admission webhook.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    srv = commands.add_parser("serve", help="serve /mutate and /validate over TLS (gunicorn)")
+    srv.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
+    srv.add_argument("--cert", help="TLS certificate chain (PEM); required unless --tls-mode self-managed")
+    srv.add_argument("--key", help="TLS private key (PEM); required unless --tls-mode self-managed")
+    srv.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT to listen on (default %(default)s)")
+    srv.add_argument("--workers", type=_positive, help="worker processes (default $GPU_STACK_WEBHOOK_WORKERS or 2)")
+    srv.add_argument("--threads", type=_positive, help="threads per worker (default $GPU_STACK_WEBHOOK_THREADS or 4)")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cluster.add_arguments(srv)
+    srv.set_defaults(func=serve)
+
+    chk = commands.add_parser("check", help="evaluate manifests offline as if they were created")
+    chk.add_argument("-f", "--filename", action="append", required=True,
+                     help="YAML file or directory (recursive *.yaml, *.yml), or - for stdin; repeatable")
+    chk.add_argument("--config", help=f"policy file (default: ${CONFIG_ENV}, else built-in defaults)")
+    chk.add_argument("-n", "--namespace", default="default",
+                     help="namespace for objects that name none (default %(default)s)")
+    chk.add_argument("--engine", choices=["webhook", "cel"], default="webhook",
+                     help="webhook: the webhook's mutating and validating passes (default); cel: the chart's "
+                          "CEL admission policies (webhook.validation.mode/mutation.mode cel), as the API "
+                          "server evaluates them")
+    chk.set_defaults(func=check)
+
+    ins = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what (also: "
+                              "kubectl gpu-stack inspect)")
+    inspect_cli.add_arguments(ins)
+    ins.set_defaults(func=inspect_cli.run)
+    return parser
+
+
+# What a shell reports for a process killed by SIGPIPE (128 + 13): `check ... | head` stops reading.
+EXIT_BROKEN_PIPE = 141
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away: no traceback, and nothing more to write (Python would try again at
+        # exit and complain), so point stdout at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

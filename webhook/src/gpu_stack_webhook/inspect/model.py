@@ -1,0 +1,354 @@
+"""What `gpu-stack-webhook inspect` knows about the cluster's GPUs: a pure model, no I/O.
+
+`build_report(nodes, pods, sharing)` turns Node and Pod objects (plain dicts, as the API serves them)
+and the device plugin configs the chart rendered into one record per GPU node:
+
+- GPU product, memory and count from the GPU Feature Discovery labels (`nvidia.com/gpu.product`,
+  `.memory` in MiB, `.count`); GFD appends `-SHARED` to the product when the GPU is replicated.
+- Sharing as GFD labels it (`nvidia.com/gpu.sharing-strategy`, `.replicas`), the config the node label
+  `nvidia.com/device-plugin.config` selects (else the default config), and per resource the strategy
+  and replicas that config sets (parsed by `sharing.SharingIndex`, the webhook's own parser).
+- MIG: GFD's `nvidia.com/mig.strategy`, and the MIG manager's `nvidia.com/mig.config` / `.config.state`.
+- Every GPU-like resource (policy `gpuResources`: by default any `nvidia.com/` name) in the node's
+  capacity or allocatable or requested by a pod on it: capacity, allocatable, requested, free.
+- MPS per-client limits: the MPS control daemon gives each of the N replicas of a GPU 1/N of its memory
+  and 100/N percent of its threads (see tests/inspect/test_inspect_model.py for the upstream source).
+- The pods holding them: every container that requests a GPU resource, in pods bound to the node that
+  have not finished (Succeeded and Failed pods hold nothing).
+
+`Report.to_dict()` is the `-o json` / `-o yaml` document; its shape is versioned by SCHEMA_VERSION and
+described by inspect-v1.schema.json beside this file. A field is only ever added within a version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+from kubernetes.utils.quantity import parse_quantity
+
+from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
+from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
+
+SCHEMA_VERSION = "gpu-stack.io/inspect/v1"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+GPU = "nvidia.com/gpu"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+# Labels that mark a node as a GPU node even before the device plugin advertises anything.
+GPU_NODE_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count")
+
+
+# --- the device plugin configs --------------------------------------------------------------------------
+
+
+def sharing_from_configmap(data: Mapping[str, str], default_config: str | None = None) -> SharingIndex:
+    """The SharingIndex of the chart's device plugin ConfigMap (one config file per key). Without a
+    known default, a single config is the default; otherwise the first name."""
+    try:
+        configs = {name: DevicePluginConfig.model_validate(yaml.safe_load(text) or {})
+                   for name, text in sorted(data.items())}
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"device plugin config is not valid: {exc}") from None
+    if not configs:
+        raise ConfigError("the device plugin ConfigMap holds no config")
+    default = default_config if default_config in configs else next(iter(configs))
+    return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, default_config=default)))
+
+
+# --- records ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MpsLimits:
+    memory_mib: int | None  # None when GFD does not label the GPU's memory
+    active_thread_percentage: int
+
+
+@dataclass(frozen=True)
+class ResourceUse:
+    name: str
+    capacity: int
+    allocatable: int
+    requested: int
+    strategy: str | None = None  # exclusive | time-slicing | mps; None when unknown
+    replicas: int | None = None
+    mps: MpsLimits | None = None
+
+    @property
+    def free(self) -> int:
+        return self.allocatable - self.requested
+
+
+@dataclass(frozen=True)
+class Holder:
+    namespace: str
+    pod: str
+    container: str
+    container_type: str  # container | initContainer | sidecar (restartable init container)
+    resource: str
+    amount: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    product: str | None
+    memory_mib: int | None
+    gpu_count: int | None
+    sharing_strategy: str | None  # GFD label
+    replicas: int | None  # GFD label
+    config_label: str | None
+    config: str | None  # the config the device plugin uses on this node; None without the ConfigMap
+    mig_strategy: str | None
+    mig_config: str | None
+    mig_state: str | None
+    resources: tuple[ResourceUse, ...]
+    holders: tuple[Holder, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    nodes: tuple[NodeRecord, ...]
+    other_nodes: int  # nodes listed that carry no GPU
+    notes: tuple[str, ...] = ()
+    holder_namespace: str | None = None  # holders listed from this namespace only
+    totals: tuple[ResourceUse, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        sums: dict[str, list[int]] = {}
+        for node in self.nodes:
+            for res in node.resources:
+                acc = sums.setdefault(res.name, [0, 0, 0])
+                acc[0] += res.capacity
+                acc[1] += res.allocatable
+                acc[2] += res.requested
+        object.__setattr__(self, "totals", tuple(ResourceUse(n, capacity=c, allocatable=a, requested=r)
+                                                 for n, (c, a, r) in sorted(sums.items())))
+
+    @property
+    def gpus(self) -> int:
+        return sum(node.gpu_count or 0 for node in self.nodes)
+
+    @property
+    def holding_pods(self) -> int:
+        return len({(h.namespace, h.pod) for node in self.nodes for h in node.holders})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schemaVersion": SCHEMA_VERSION,
+            "nodes": [_node_dict(n) for n in self.nodes],
+            "summary": {
+                "gpuNodes": len(self.nodes),
+                "otherNodes": self.other_nodes,
+                "gpus": self.gpus,
+                "holdingPods": self.holding_pods,
+                "holderNamespace": self.holder_namespace,
+                "resources": [_usage_dict(r) for r in self.totals],
+            },
+            "notes": list(self.notes),
+        }
+
+
+def _usage_dict(res: ResourceUse) -> dict[str, Any]:
+    return {"name": res.name, "capacity": res.capacity, "allocatable": res.allocatable,
+            "requested": res.requested, "free": res.free}
+
+
+def _node_dict(node: NodeRecord) -> dict[str, Any]:
+    resources = []
+    for res in node.resources:
+        entry = _usage_dict(res)
+        entry["sharing"] = {"strategy": res.strategy, "replicas": res.replicas}
+        entry["mps"] = None if res.mps is None else {
+            "memoryLimitMiB": res.mps.memory_mib, "activeThreadPercentage": res.mps.active_thread_percentage}
+        resources.append(entry)
+    return {
+        "name": node.name,
+        "gpu": {"product": node.product, "memoryMiB": node.memory_mib, "count": node.gpu_count},
+        "sharing": {"strategy": node.sharing_strategy, "replicas": node.replicas,
+                    "configLabel": node.config_label, "config": node.config},
+        "mig": {"strategy": node.mig_strategy, "config": node.mig_config, "state": node.mig_state},
+        "resources": resources,
+        "pods": [{"namespace": h.namespace, "name": h.pod, "container": h.container,
+                  "containerType": h.container_type, "resource": h.resource, "amount": h.amount,
+                  "phase": h.phase} for h in node.holders],
+        "notes": list(node.notes),
+    }
+
+
+# --- building -----------------------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(Decimal(str(value)))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        return 0
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, str, Mapping[str, Any]]]:
+    """(container type, name, requests) of every container that can hold a device."""
+    for c in spec.get("initContainers") or []:
+        kind = "sidecar" if c.get("restartPolicy") == "Always" else "initContainer"
+        yield kind, str(c.get("name", "")), _requests(c)
+    for c in spec.get("containers") or []:
+        yield "container", str(c.get("name", "")), _requests(c)
+
+
+def _requests(container: Mapping[str, Any]) -> dict[str, int]:
+    # Extended resources cannot be overcommitted: the request is the limit, and a limit alone is the request.
+    resources = _dict(container.get("resources"))
+    merged = {**_dict(resources.get("limits")), **_dict(resources.get("requests"))}
+    return {name: _quantity(v) for name, v in merged.items()}
+
+
+def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict[str, int]:
+    """What the scheduler counts against the node for each GPU resource: the larger of the sum over
+    containers and sidecars, and each init container plus the sidecars started before it."""
+    total: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    sidecars: dict[str, int] = {}
+    for kind, _, requests in _containers(spec):
+        for name, amount in requests.items():
+            if not is_gpu(name):
+                continue
+            if kind == "initContainer":
+                peak[name] = max(peak.get(name, 0), amount + sidecars.get(name, 0))
+            else:
+                total[name] = total.get(name, 0) + amount
+                if kind == "sidecar":
+                    sidecars[name] = sidecars.get(name, 0) + amount
+    for name, amount in _dict(spec.get("overhead")).items():
+        if is_gpu(name):
+            total[name] = total.get(name, 0) + _quantity(amount)
+    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in sorted(set(total) | set(peak))}
+    return {n: amount for n, amount in merged.items() if amount}
+
+
+def _is_gpu_node(labels: Mapping[str, str], gpu_resources: Iterable[str]) -> bool:
+    return any(labels.get(k) not in (None, "", "false") for k in GPU_NODE_LABELS) or any(True for _ in gpu_resources)
+
+
+def _memory_label(labels: Mapping[str, str], resource: str) -> int | None:
+    own = _int(labels.get(f"{resource}.memory"))
+    return own if own is not None else _int(labels.get(f"{GPU}.memory"))
+
+
+def _resource_use(name: str, node_labels: Mapping[str, str], advertised: tuple[Mapping[str, Any], Mapping[str, Any]],
+                  requested: int, config: NodeConfig | None) -> ResourceUse:
+    strategy: str | None = None
+    replicas: int | None = None
+    exposed = config.lookup(name) if config is not None else None
+    if exposed is not None:
+        strategy, replicas = exposed.strategy.value, exposed.replicas
+    elif config is None and f"{name}.sharing-strategy" in node_labels:  # no ConfigMap: what GFD says
+        label = node_labels[f"{name}.sharing-strategy"]
+        strategy = "exclusive" if label in ("none", "") else label
+        replicas = _int(node_labels.get(f"{name}.replicas"))
+    mps = None
+    if strategy == "mps" and replicas:
+        memory = _memory_label(node_labels, name)
+        mps = MpsLimits(None if memory is None else memory // replicas, 100 // replicas)
+    capacity, allocatable = advertised
+    return ResourceUse(name, _quantity(capacity.get(name, 0)), _quantity(allocatable.get(name, 0)), requested,
+                       strategy, replicas, mps)
+
+
+def _node_config(labels: Mapping[str, str], sharing: SharingIndex | None) -> tuple[NodeConfig | None, list[str]]:
+    if sharing is None:
+        return None, []
+    chosen = labels.get(sharing.label)
+    if chosen is None:
+        return sharing.configs[sharing.default], []
+    if chosen in sharing.configs:
+        return sharing.configs[chosen], []
+    return sharing.configs[sharing.default], [
+        f"{sharing.label}={chosen} names no config; the device plugin falls back to {sharing.default!r}"]
+
+
+def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> list[str]:
+    notes = []
+    state = labels.get("nvidia.com/mig.config.state")
+    if state and state != "success":
+        notes.append(f"MIG reconfiguration to {labels.get('nvidia.com/mig.config', '?')!r} is {state}")
+    for res in resources:
+        if res.free < 0:
+            notes.append(f"{res.name}: pods request {res.requested}, {res.allocatable} allocatable")
+    return notes
+
+
+def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                 sharing: SharingIndex | None = None, *, gpu_resources: GpuResources | None = None,
+                 holder_namespace: str | None = None, notes: Iterable[str] = ()) -> Report:
+    """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
+    `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
+    is_gpu = (gpu_resources or GpuResources()).is_gpu
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        node_name = _dict(pod.get("spec")).get("nodeName")
+        if node_name and _dict(pod.get("status")).get("phase") not in FINISHED_PHASES:
+            by_node.setdefault(node_name, []).append(pod)
+    records, other = [], 0
+    for node in sorted(nodes, key=lambda n: str(_dict(n.get("metadata")).get("name", ""))):
+        meta, status = _dict(node.get("metadata")), _dict(node.get("status"))
+        labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
+        capacity, allocatable = _dict(status.get("capacity")), _dict(status.get("allocatable"))
+        name = str(meta.get("name", ""))
+        requested: dict[str, int] = {}
+        holders: list[Holder] = []
+        for pod in sorted(by_node.get(name, []), key=_pod_key):
+            pmeta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
+            for res, amount in pod_requests(spec, is_gpu).items():
+                requested[res] = requested.get(res, 0) + amount
+            if holder_namespace is not None and pmeta.get("namespace") != holder_namespace:
+                continue
+            phase = str(_dict(pod.get("status")).get("phase") or "Unknown")
+            holders.extend(
+                Holder(str(pmeta.get("namespace", "")), str(pmeta.get("name", "")), cname, kind, res, amount, phase)
+                for kind, cname, reqs in _containers(spec) for res, amount in reqs.items() if is_gpu(res) and amount)
+        names = sorted({n for n in (*capacity, *allocatable) if is_gpu(n)} | set(requested))
+        if not _is_gpu_node(labels, names):
+            other += 1
+            continue
+        config, node_notes = _node_config(labels, sharing)
+        resources = tuple(_resource_use(n, labels, (capacity, allocatable), requested.get(n, 0), config) for n in names)
+        records.append(NodeRecord(
+            name=name,
+            product=labels.get(f"{GPU}.product"),
+            memory_mib=_int(labels.get(f"{GPU}.memory")),
+            gpu_count=_int(labels.get(f"{GPU}.count")),
+            sharing_strategy=labels.get(f"{GPU}.sharing-strategy"),
+            replicas=_int(labels.get(f"{GPU}.replicas")),
+            config_label=labels.get(CONFIG_LABEL),
+            config=config.name if config is not None else None,
+            mig_strategy=labels.get("nvidia.com/mig.strategy"),
+            mig_config=labels.get("nvidia.com/mig.config"),
+            mig_state=labels.get("nvidia.com/mig.config.state"),
+            resources=resources,
+            holders=tuple(holders),
+            notes=tuple(node_notes + _node_notes(labels, resources)),
+        ))
+    return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace)
+
+
+def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _dict(pod.get("metadata"))
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))

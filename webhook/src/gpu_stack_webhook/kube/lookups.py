@@ -1,0 +1,90 @@
+"""`ApiFacts`: the policy's `ClusterFacts` answered from the Kubernetes API, with a small TTL cache.
+
+The admission path pays for an API call at most once per TTL and object, with the adapter's short
+request timeout; when the API cannot be asked the fact is unknown with a note for the rules' warnings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError
+from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact
+
+
+class TtlCache:
+    """A thread-safe map whose entries expire; bounded (cleared when full)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = 4096) -> None:
+        self.clock = clock
+        self.max_entries = max_entries
+        self.entries: dict[Hashable, tuple[float, Any]] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self.lock:
+            found = self.entries.get(key)
+            if found is None:
+                return None
+            if found[0] <= self.clock():
+                del self.entries[key]
+                return None
+            return found[1]
+
+    def put(self, key: Hashable, value: Any, ttl: float) -> None:
+        with self.lock:
+            if len(self.entries) >= self.max_entries:
+                self.entries.clear()
+            self.entries[key] = (self.clock() + ttl, value)
+
+
+class ApiFacts:
+    """Facts from the API. `ttl`: seconds an answer is reused; `error_ttl`: seconds a failure is (so an
+    unreachable apiserver costs one timeout per lookup and `error_ttl`, not one per admission request)."""
+
+    online = True
+
+    def __init__(self, api: KubeApi, ttl: float = 30.0, error_ttl: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.ttl = ttl
+        self.error_ttl = error_ttl
+        self.cache = TtlCache(clock)
+
+    def _cached(self, key: Hashable, what: str, ask: Callable[[], Any]) -> Fact[Any]:
+        found = self.cache.get(key)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        try:
+            fact: Fact[Any] = Fact(known=True, value=ask())
+            ttl = self.ttl
+        except Forbidden:
+            fact, ttl = Fact(note=f"no permission to read {what}"), self.ttl
+        except ApiUnavailable:
+            fact, ttl = Fact(note="API unreachable"), self.error_ttl
+        except KubeError as exc:
+            fact, ttl = Fact(note=f"API error {exc.status} reading {what}"), self.error_ttl
+        self.cache.put(key, fact, ttl)
+        return fact
+
+    def configmap_keys(self, namespace: str, name: str) -> Fact[frozenset[str]]:
+        return self._cached(("cm", namespace, name), "ConfigMaps", lambda: self.api.read_configmap(namespace, name))
+
+    def pod_security_enforce(self, namespace: str) -> Fact[str]:
+        def ask() -> str:
+            labels = self.api.read_namespace(namespace)
+            return str((labels or {}).get(ENFORCE_LABEL, ""))
+
+        return self._cached(("ns", namespace), "namespaces", ask)
+
+    def node_label(self, node: str, label: str) -> Fact[str]:
+        labels = self._cached(("node", node), "nodes", lambda: self.api.read_node(node))
+        if not labels.known:
+            return labels
+        if labels.value is None:
+            return Fact(note=f"node {node} not found")
+        value = labels.value.get(label)
+        return Fact(known=True, value=None if value is None else str(value))

@@ -1,0 +1,210 @@
+"""The webhook's policy configuration: one YAML file, mounted by the chart from a ConfigMap.
+
+The `sharing.configs` entries are the NVIDIA device plugin config files (version v1) exactly as the
+chart renders them for the device plugin, so the webhook judges pods against what the nodes expose.
+Only the fields the policy needs are typed; the rest of a device plugin config is kept and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_ENV = "GPU_STACK_WEBHOOK_CONFIG"
+MPS_ANNOTATION = "gpu-stack.io/mps"
+MPS_TAINT_KEY = "gpu-stack.io/mps"
+
+
+# The largest AdmissionReview the API server can legitimately send (README "Review size limit"):
+# an object etcd accepts is at most 1.5 MiB as stored (etcd --max-request-bytes default); Go's JSON
+# encoder writes each of `<`, `>`, `&` (and control characters) as a six-byte \u00XX escape, so that
+# object can grow six-fold in the review; an UPDATE carries object and oldObject; 1 MiB more covers
+# the envelope (userInfo, options). 2 x 6 x 1.5 MiB + 1 MiB = 19 MiB.
+ETCD_MAX_OBJECT_BYTES = 1536 * 1024
+GO_JSON_ESCAPE_EXPANSION = 6
+REVIEW_ENVELOPE_BYTES = 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 2 * GO_JSON_ESCAPE_EXPANSION * ETCD_MAX_OBJECT_BYTES + REVIEW_ENVELOPE_BYTES
+
+
+class ConfigError(Exception):
+    """The policy file is unreadable or invalid; the message names the offending key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class _Lenient(BaseModel):
+    """Device plugin config sections: we type what we use and tolerate the rest of upstream's fields."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+
+class ReplicatedResource(_Lenient):
+    name: str
+    rename: str | None = None
+    replicas: int = Field(ge=1)
+    devices: Any = None
+
+
+class ReplicatedResources(_Lenient):
+    rename_by_default: bool = Field(False, alias="renameByDefault")
+    # None: unset, which the device plugin v0.20 reads as true for MPS and false for time-slicing.
+    fail_requests_greater_than_one: bool | None = Field(None, alias="failRequestsGreaterThanOne")
+    resources: tuple[ReplicatedResource, ...] = ()
+
+
+class Sharing(_Lenient):
+    time_slicing: ReplicatedResources | None = Field(None, alias="timeSlicing")
+    mps: ReplicatedResources | None = None
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> Sharing:
+        if self.time_slicing and self.time_slicing.resources and self.mps and self.mps.resources:
+            raise ValueError("timeSlicing and mps cannot both list resources in one config")
+        return self
+
+
+class PluginFlags(_Lenient):
+    # One string or a list (k8s-device-plugin v0.20 api/config/v1/flags.go deviceListStrategyFlag);
+    # the plugin's default is envvar.
+    device_list_strategy: str | tuple[str, ...] = Field("envvar", alias="deviceListStrategy")
+
+    @property
+    def device_list_strategies(self) -> tuple[str, ...]:
+        value = self.device_list_strategy
+        return (value,) if isinstance(value, str) else value
+
+
+class DevicePluginFlags(_Lenient):
+    mig_strategy: Literal["none", "single", "mixed"] = Field("none", alias="migStrategy")
+    plugin: PluginFlags = PluginFlags()
+
+
+class DevicePluginConfig(_Lenient):
+    """One NVIDIA device plugin config file (github.com/NVIDIA/k8s-device-plugin api/config/v1)."""
+
+    version: Literal["v1"] = "v1"
+    flags: DevicePluginFlags = DevicePluginFlags()
+    sharing: Sharing = Sharing()
+
+
+class SharingConfigs(_Strict):
+    # Node label the device plugin's config-manager reads to choose a named config.
+    node_config_label: str = Field("nvidia.com/device-plugin.config", alias="nodeConfigLabel")
+    default_config: str = Field("default", alias="defaultConfig")
+    configs: dict[str, DevicePluginConfig] = Field(default_factory=lambda: {"default": DevicePluginConfig()})
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> SharingConfigs:
+        if self.default_config not in self.configs:
+            raise ValueError(f"defaultConfig {self.default_config!r} is not one of configs {sorted(self.configs)}")
+        return self
+
+
+class Toleration(_Strict):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, alias="tolerationSeconds")
+
+    def as_k8s(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class MpsPolicy(_Strict):
+    # Pods carrying this annotation with value "true" opt in to MPS.
+    annotation: str = MPS_ANNOTATION
+    # Labels that identify MPS nodes. A pod selecting any of them is an MPS pod; an annotation opt-in
+    # gets them injected as its nodeSelector.
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/mps.capable": "true"}, alias="nodeSelector"
+    )
+    tolerations: tuple[Toleration, ...] = (
+        Toleration(key=MPS_TAINT_KEY, operator="Exists", effect="NoSchedule"),
+    )
+    inject_host_ipc: bool = Field(True, alias="injectHostIPC")
+    # With API lookups on, an MPS pod in a namespace enforcing Pod Security baseline/restricted (which
+    # forbid hostIPC): `deny` it with an explanation, or `skip` adding hostIPC (with a warning).
+    pod_security_conflict: Literal["deny", "skip"] = Field("deny", alias="podSecurityConflict")
+
+
+class GpuResources(_Strict):
+    """Which extended resources are GPUs. Besides these, every resource name (and rename) in the
+    sharing configs counts, normalised as the device plugin does (sharing.py). Not every `nvidia.com/`
+    name is a GPU: the NVIDIA Network Operator advertises RDMA devices as `nvidia.com/rdma_*`,
+    `nvidia.com/hostdev` and the like."""
+
+    prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    names: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+
+    def is_gpu(self, resource: str) -> bool:
+        return resource in self.names or resource.startswith(self.prefixes)
+
+
+class RuleSettings(_Strict):
+    disabled: tuple[str, ...] = ()
+    # What to do with a MIG resource name no candidate config exposes.
+    mig_unexposed: Literal["deny", "warn"] = Field("deny", alias="migUnexposed")
+
+
+class PolicyConfig(_Strict):
+    gpu_resources: GpuResources = Field(GpuResources(), alias="gpuResources")
+    gpu_runtime_class_names: tuple[str, ...] = Field(("nvidia",), alias="gpuRuntimeClassNames")
+    exempt_namespaces: tuple[str, ...] = Field(("gpu-stack", "kube-system"), alias="exemptNamespaces")
+    sharing: SharingConfigs = SharingConfigs()
+    mps: MpsPolicy = MpsPolicy()
+    rules: RuleSettings = RuleSettings()
+    # The runtime class the mutating pass gives GPU pods that name none ("" = none): the layout where
+    # the NVIDIA runtime is not the node's default runtime (see the chart README, "Runtime layout").
+    inject_runtime_class_name: str = Field("", alias="injectRuntimeClassName")
+    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, alias="maxRequestBytes", ge=1024)
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, rules: RuleSettings) -> RuleSettings:
+        from gpu_stack_webhook.policy.rules import RULE_IDS  # noqa: PLC0415 - the rules import this module's types
+
+        unknown = sorted(set(rules.disabled) - set(RULE_IDS))
+        if unknown:
+            raise ValueError(f"unknown rule IDs {unknown}; known: {sorted(RULE_IDS)}")
+        return rules
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def parse_config(data: Mapping[str, Any] | None, source: str = "<config>") -> PolicyConfig:
+    """Validate a parsed document; errors name the bad key, e.g. `sharing.configs.default.flags.migStrategy`."""
+    try:
+        return PolicyConfig.model_validate(data or {})
+    except ValidationError as exc:
+        problems = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{source}: invalid policy config: {problems}") from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> PolicyConfig:
+    """Read the policy file at `path` (or $GPU_STACK_WEBHOOK_CONFIG); no path means built-in defaults."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return PolicyConfig()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read policy config: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: policy config is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: policy config must be a mapping, got {type(data).__name__}")
+    return parse_config(data, str(path))

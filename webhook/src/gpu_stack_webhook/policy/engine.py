@@ -1,0 +1,92 @@
+"""The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O.
+
+`Policy.evaluate` runs every enabled rule and returns their findings (denials, warnings, changes);
+what those mean for an admission request (skip, deny, patch, warn) is admission/decide.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
+from gpu_stack_webhook.policy.rules import RULES, Rule
+from gpu_stack_webhook.policy.rules.base import Context
+
+# (API group, kind) of everything we judge; the pod spec location per kind is in pod.py.
+JUDGED_KINDS: frozenset[tuple[str, str]] = frozenset(
+    {("", "Pod")}
+    | {("apps", k) for k in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")}
+    | {("batch", k) for k in ("Job", "CronJob")}
+)
+assert {k for _, k in JUDGED_KINDS} == set(POD_SPEC_LOCATIONS)
+
+
+class RuleCrashed(Exception):
+    def __init__(self, rule: Rule, error: BaseException) -> None:
+        super().__init__(f"rule {rule.id} failed: {type(error).__name__}: {error}")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    findings: tuple[Finding, ...]
+
+    @property
+    def denials(self) -> list[Finding]:
+        return [f for f in self.findings if f.denies]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.WARN]
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        return [op for f in self.findings for op in f.patch]
+
+
+class Policy:
+    """A loaded config compiled once; `review` and `evaluate` are called per request."""
+
+    def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES, facts: ClusterFacts = OFFLINE) -> None:
+        self.config = config
+        self.facts = facts
+        disabled = set(config.rules.disabled)
+        self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
+        self._patching = Context.for_config(config, can_patch=True)
+        self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)
+        self._exempt = frozenset(config.exempt_namespaces)
+
+    def evaluate(self, obj: Mapping[str, Any], kind: str, *, can_patch: bool = False, namespace: str = "",
+                 facts: ClusterFacts | None = None) -> Evaluation:
+        """Run every enabled rule on the pod spec of `obj`. Raises NotAPodError, RuleCrashed.
+        `facts` (default: the policy's) answer cluster lookups for objects in `namespace`."""
+        pod = PodView.of(obj, kind)
+        ctx = self._patching if can_patch and kind == "Pod" else self._judging
+        facts = self.facts if facts is None else facts
+        if facts.online and namespace:
+            ctx = replace(ctx, facts=facts, namespace=namespace)
+        findings: list[Finding] = []
+        for rule in self.rules:
+            try:
+                findings.extend(rule.check(pod, ctx))
+            except Exception as error:  # a rule bug must become a decision, never a 500 traceback
+                raise RuleCrashed(rule, error) from error
+        return Evaluation(tuple(findings))
+
+    def new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str, namespace: str = "",
+                     facts: ClusterFacts | None = None) -> Evaluation:
+        """Only the findings `old_object` did not already have (UPDATE: an object that was fine when it
+        was created is never denied for a rule added later)."""
+        try:
+            before = set(self.evaluate(old_object, kind, namespace=namespace, facts=facts).findings)
+        except NotAPodError:
+            return evaluation
+        return Evaluation(tuple(f for f in evaluation.findings if f not in before))
+
+    def is_exempt(self, namespace: str) -> bool:
+        return namespace in self._exempt

@@ -1,0 +1,94 @@
+"""What every rule gets, and the GPU facts several rules share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView, parse_count
+from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
+
+
+@dataclass(frozen=True)
+class Context:
+    config: PolicyConfig
+    sharing: SharingIndex = field(compare=False)
+    # True only for a Pod being created through /mutate: the one case where rules may emit patches.
+    can_patch: bool = False
+    # What the cluster says (facts.py); offline unless the webhook runs with API lookups.
+    facts: ClusterFacts = field(default=OFFLINE, compare=False)
+    # The namespace of the object under review ("" offline: rules then never ask `facts`).
+    namespace: str = ""
+
+    @classmethod
+    def for_config(cls, config: PolicyConfig, *, can_patch: bool = False) -> Context:
+        return cls(config=config, sharing=SharingIndex(config), can_patch=can_patch)
+
+
+@dataclass(slots=True)
+class GpuAmount:
+    container: ContainerRef
+    resource: str
+    request: Any  # raw values as written, None when absent
+    limit: Any
+
+    @property
+    def count(self) -> Decimal | None:
+        """What the container will be given: the limit, else the request."""
+        return parse_count(self.limit if self.limit is not None else self.request)
+
+
+def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
+    """Every GPU resource named in any container's requests or limits."""
+    key = f"gpu_amounts:{id(ctx.config)}"
+    amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
+    if amounts is None:
+        is_gpu = ctx.sharing.is_gpu
+        found = []
+        for container in pod.containers():
+            requests, limits = container.resources("requests"), container.resources("limits")
+            for resource in dict.fromkeys([*requests, *limits]):
+                if is_gpu(resource):
+                    found.append(GpuAmount(container, resource, requests.get(resource), limits.get(resource)))
+        amounts = pod.memo[key] = tuple(found)
+    return iter(amounts)
+
+
+def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
+    """The device plugin configs of every node the pod could land on (memoized per pod). A pod pinned
+    to a node with spec.nodeName is judged against that node's config when its label can be read
+    (lookups on); otherwise, and for every other pod, against what its selectors allow."""
+    key = f"candidates:{id(ctx.sharing)}:{ctx.facts.online}"
+    found: list[NodeConfig] | None = pod.memo.get(key)
+    if found is None:
+        node = pod.spec.get("nodeName")
+        label = (ctx.facts.node_label(node, ctx.sharing.label)
+                 if ctx.facts.online and isinstance(node, str) and node else None)
+        if label is not None and label.known:
+            found = [ctx.sharing.for_node_label(label.value)]
+        else:
+            found = ctx.sharing.candidates(pod)
+        pod.memo[key] = found
+    return found
+
+
+def allocated_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
+    """Per container pointer, the GPU resources the device plugin allocates to that container itself
+    (a count above 0; ephemeral containers cannot have resources, so they never have one)."""
+    out: dict[str, list[str]] = {}
+    for amount in gpu_amounts(pod, ctx):
+        count = amount.count
+        if count is not None and count > 0:
+            out.setdefault(amount.container.pointer, []).append(amount.resource)
+    return out
+
+
+def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
+    """A pod that requests any GPU resource in any container, or runs with a GPU runtime class."""
+    if pod.spec.get("runtimeClassName") in ctx.config.gpu_runtime_class_names:
+        return True
+    return any(True for _ in gpu_amounts(pod, ctx))

@@ -1,0 +1,51 @@
+"""GPU007 no-device-requests-outside-plugin: no GPU request that bypasses the device plugin.
+
+Besides NVIDIA_VISIBLE_DEVICES (GPU002) the NVIDIA runtime takes device requests from two other
+places a pod controls: volume mounts under /var/run/nvidia-container-devices (the volume-mounts
+device list strategy) and CDI annotations `cdi.k8s.io/*` (read by containerd and CRI-O when CDI is
+on). Either one hands a container GPUs it was never allocated.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules.base import Context
+
+ID = "GPU007"
+NAME = "no-device-requests-outside-plugin"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+
+def _under_device_dir(mount_path: str) -> bool:
+    # The toolkit (DevicesFromMounts) cleans the destination like Go's filepath.Clean, `..` resolved,
+    # then matches a plain string prefix: ".../nvidia-container-devicesall" is a request for "all".
+    return posixpath.normpath("/" + mount_path.lstrip("/")).startswith(DEVICE_LIST_DIR)
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    for key in pod.annotations:
+        if key.startswith(CDI_ANNOTATION_PREFIX):
+            yield Finding(
+                ID,
+                Severity.DENY,
+                f'annotation "{key}" requests CDI devices directly; request nvidia.com/gpu instead',
+                f"{pod.metadata_path}.annotations[{key}]",
+            )
+    for container in pod.containers():
+        for index, mount in enumerate(container.spec.get("volumeMounts") or []):
+            if not isinstance(mount, dict):
+                continue
+            mount_path = mount.get("mountPath")
+            if isinstance(mount_path, str) and _under_device_dir(mount_path):
+                yield Finding(
+                    ID,
+                    Severity.DENY,
+                    f"{container.label} mounts {mount_path}, which the NVIDIA runtime reads as a GPU "
+                    f"device list; mount it elsewhere",
+                    f"{container.path}.volumeMounts[{index}]",
+                )

@@ -1,0 +1,37 @@
+"""GPU005 mig-resource-exposed: MIG resource names must be ones the configured strategy exposes.
+
+Under migStrategy `none` or `single` no `nvidia.com/mig-*` resource ever exists (`single` exposes MIG
+slices as `nvidia.com/gpu`), so a pod asking for one stays Pending forever. Only `mixed` exposes them.
+Denied (or warned, by config) when no config the pod could land on exposes the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.sharing import MIG_PREFIX
+
+ID = "GPU005"
+NAME = "mig-resource-exposed"
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    candidates = candidate_configs(pod, ctx)
+    severity = Severity.DENY if ctx.config.rules.mig_unexposed == "deny" else Severity.WARN
+    for amount in gpu_amounts(pod, ctx):
+        if not amount.resource.startswith(MIG_PREFIX):
+            continue
+        if any(cfg.lookup(amount.resource) for cfg in candidates):
+            continue
+        strategies = sorted({cfg.mig_strategy for cfg in candidates})
+        hint = "use nvidia.com/gpu" if "single" in strategies else "needs migStrategy mixed"
+        yield Finding(
+            ID,
+            severity,
+            f"{amount.container.label}: no node exposes {amount.resource} "
+            f"(migStrategy {'/'.join(strategies)}); {hint}",
+            f"{amount.container.path}.resources",
+        )

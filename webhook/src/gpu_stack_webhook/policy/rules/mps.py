@@ -1,0 +1,181 @@
+"""GPU006 mps-pod-injection: MPS pods get what they need to reach the MPS control daemon.
+
+A pod is an MPS pod when it requests a resource that every config it could land on shares through
+MPS, when its nodeSelector or required node affinity selects MPS nodes (the configured MPS labels,
+or the device plugin config label naming an MPS config), or when it carries the opt-in annotation
+`gpu-stack.io/mps: "true"`. For a Pod being created the mutating pass adds `hostIPC: true` (when
+`mps.injectHostIPC` is on), each configured MPS toleration that is missing, and for an annotation
+opt-in the MPS node selector. Each change is a warning that says why. Every change checks what is
+already there first, so a reinvoked webhook adds nothing twice.
+
+With API lookups (ctx.facts online) the namespace's enforced Pod Security level is read first: where
+`baseline` or `restricted` forbids hostIPC, adding it would only get the pod rejected by PodSecurity
+with a message about hostIPC the user never set. Then `mps.podSecurityConflict: deny` denies the pod
+(and, on /validate, a workload whose pods would be) saying why and what to change; `skip` leaves
+hostIPC out with a warning. When the level cannot be read the offline behaviour applies and the
+change's warning says that Pod Security was not checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
+from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
+from gpu_stack_webhook.policy.pod import PodView, pointer_token
+from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.sharing import Strategy
+
+ID = "GPU006"
+NAME = "mps-pod-injection"
+
+
+def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
+    if key == ctx.sharing.label:
+        return bool(values & ctx.sharing.mps_config_names)
+    return key in wanted and wanted[key] in values
+
+
+def mps_reason(pod: PodView, ctx: Context) -> str | None:
+    """Why this pod is an MPS pod, or None."""
+    if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
+        return f"annotation {ctx.config.mps.annotation}"
+    wanted = ctx.config.mps.node_selector
+    for key, value in pod.node_selector.items():
+        if _selects(key, {str(value)}, wanted, ctx):
+            return f"selects {key}={value}"
+    for term in pod.required_node_selector_terms():
+        for expr in term.get("matchExpressions") or []:
+            if isinstance(expr, Mapping) and expr.get("operator") == "In":
+                values = {str(v) for v in expr.get("values") or []}
+                if _selects(expr.get("key"), values, wanted, ctx):
+                    return f"affinity on {expr.get('key')}"
+    candidates = candidate_configs(pod, ctx)
+    for amount in gpu_amounts(pod, ctx):
+        exposed = [r for r in (c.lookup(amount.resource) for c in candidates) if r is not None]
+        if exposed and all(r.strategy is Strategy.MPS for r in exposed):
+            return f"{amount.resource} is MPS-shared"
+    return None
+
+
+def _normalized(toleration: Any) -> tuple[str, str, str, str]:
+    t = toleration if isinstance(toleration, dict) else {}
+    return (str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+            str(t.get("effect") or ""))
+
+
+def _covers(have: tuple[str, str, str, str], want: tuple[str, str, str, str]) -> bool:
+    """Does toleration `have` tolerate every taint that `want` tolerates?"""
+    have_key, have_op, have_value, have_effect = have
+    want_key, want_op, want_value, want_effect = want
+    if have_effect and have_effect != want_effect:
+        return False
+    if have_op == "Exists":
+        return have_key in ("", want_key)
+    return have_key == want_key and want_op == "Equal" and have_value == want_value
+
+
+def _tolerated(wanted: dict[str, Any], existing: list[Any]) -> bool:
+    want = _normalized(wanted)
+    return any(_covers(_normalized(have), want) for have in existing)
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    reason = mps_reason(pod, ctx)
+    if reason is None:
+        return
+    mps = ctx.config.mps
+    opted_in = reason.startswith("annotation")
+    conflict = _selector_conflict(pod, ctx, reason) if opted_in else None
+    if conflict:
+        yield conflict
+        return
+    wants_host_ipc = mps.inject_host_ipc and pod.spec.get("hostIPC") is not True
+    level, unchecked = _pod_security(ctx) if wants_host_ipc else ("", "")
+    if level and mps.pod_security_conflict == "deny" and (ctx.can_patch or pod.is_template):
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f'MPS pods ({reason}) get hostIPC, which Pod Security "{level}" enforced in namespace {ctx.namespace} '
+            f"forbids, so the pod would be rejected; label the namespace pod-security.kubernetes.io/enforce="
+            f"privileged, or set the webhook policy mps.injectHostIPC=false (NVIDIA MPS does not need hostIPC)",
+            f"{pod.path}.hostIPC",
+            deny_early=True,
+        )
+        return
+    if not ctx.can_patch:
+        if pod.is_template:
+            yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
+        return
+    base = pod.pointer
+    if wants_host_ipc and level:
+        yield Finding(ID, Severity.WARN, f'hostIPC not added for MPS: namespace enforces Pod Security "{level}"',
+                      f"{pod.path}.hostIPC", on_mutate=True)
+    elif wants_host_ipc:
+        yield Finding(
+            ID,
+            Severity.WARN,
+            f"hostIPC=true for MPS ({reason}); Pod Security unchecked: {unchecked}" if unchecked
+            else f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
+            f"{pod.path}.hostIPC",
+            patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
+        )
+    existing = list(pod.tolerations)
+    missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
+    if missing:
+        ops: tuple[JsonPatchOp, ...]
+        if isinstance(pod.spec.get("tolerations"), list):
+            ops = tuple({"op": "add", "path": f"{base}/tolerations/-", "value": t} for t in missing)
+        else:
+            ops = ({"op": "add", "path": f"{base}/tolerations", "value": missing},)
+        keys = ", ".join(str(t.get("key", "*")) for t in missing)
+        yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
+                      patch=ops)
+    if opted_in:
+        yield from _inject_node_selector(pod, ctx, reason)
+
+
+def _selector_conflict(pod: PodView, ctx: Context, reason: str) -> Finding | None:
+    current = pod.node_selector
+    for key, value in ctx.config.mps.node_selector.items():
+        if key in current and str(current[key]) != value:
+            return Finding(
+                ID,
+                Severity.DENY,
+                f'opts in to MPS ({reason}) but nodeSelector {key}="{current[key]}" excludes MPS nodes '
+                f'({key}="{value}"); remove one of them',
+                f"{pod.path}.nodeSelector",
+                deny_early=True,
+            )
+    return None
+
+
+def _inject_node_selector(pod: PodView, ctx: Context, reason: str) -> Iterator[Finding]:
+    current = pod.node_selector
+    wanted = ctx.config.mps.node_selector
+    missing = {k: v for k, v in wanted.items() if k not in current}
+    if not missing:
+        return
+    ops: tuple[JsonPatchOp, ...]
+    if isinstance(pod.spec.get("nodeSelector"), Mapping):
+        ops = tuple(
+            {"op": "add", "path": f"{pod.pointer}/nodeSelector/{pointer_token(k)}", "value": v}
+            for k, v in missing.items()
+        )
+    else:
+        ops = ({"op": "add", "path": f"{pod.pointer}/nodeSelector", "value": missing},)
+    labels = ", ".join(f"{k}={v}" for k, v in missing.items())
+    yield Finding(ID, Severity.WARN, f"added nodeSelector {labels} ({reason})", f"{pod.path}.nodeSelector",
+                  patch=ops)
+
+
+def _pod_security(ctx: Context) -> tuple[str, str]:
+    """(the enforced level when it forbids hostIPC, else ""; why it is unknown, "" when known or offline)."""
+    if not (ctx.facts.online and ctx.namespace):
+        return "", ""
+    fact = ctx.facts.pod_security_enforce(ctx.namespace)
+    if not fact.known:
+        return "", fact.note or "unknown"
+    level = str(fact.value or "")
+    return (level if level in FORBID_HOST_IPC else ""), ""

@@ -1,0 +1,91 @@
+"""GPU003 no-privileged-gpu-containers: no privileged or CAP_SYS_ADMIN container in a GPU pod (SYS_ADMIN: own GPU ok).
+
+Scope, exactly (what a CEL port must reproduce):
+
+* A GPU pod: any container (of the three kinds) names a GPU resource in requests or limits, with
+  any count, 0 included; or `spec.runtimeClassName` is one of `gpuRuntimeClassNames`.
+* In a GPU pod, every container (containers, initContainers, ephemeralContainers) with
+  `securityContext.privileged: true` is denied: it sees every device node on the host.
+* In a GPU pod, every container whose `securityContext.capabilities.add` holds `SYS_ADMIN` or `ALL`
+  is denied unless it has its own GPU allocation. Spellings: any case, surrounding blanks ignored,
+  with or without the `CAP_` prefix (`sys_admin`, `CAP_SYS_ADMIN`, `all`, `cap_all`). `drop` never
+  excuses an `add` (runtimes order add and drop differently); `drop: [ALL]` alone is fine, and so is
+  any other added capability (NET_ADMIN, NET_RAW for mesh init containers, SYS_PTRACE...).
+* Own GPU allocation: the container itself names a GPU resource with a count above 0 (limit, else
+  request), and every device plugin config the pod could run under passes the device list in a way
+  that overrides the image environment (deviceListStrategy envvar, volume-mounts or cdi-annotations;
+  not cdi-cri alone). Ephemeral containers cannot have resources, so a `kubectl debug` container with
+  SYS_ADMIN in a GPU pod is always denied.
+
+Why (nvidia-container-toolkit v1.20, internal/config/image/privileged.go and cuda_image.go): the
+runtime counts a container as privileged when CAP_SYS_ADMIN is in its bounding set (`privileged:
+true`, `add: [SYS_ADMIN]` or `add: [ALL]` all put it there) and then honours the image's device
+environment even with accept-nvidia-visible-devices-envvar-when-unprivileged=false. Every CUDA image
+bakes in NVIDIA_VISIBLE_DEVICES=all, an image with CUDA_VERSION and no NVIDIA_REQUIRE_CUDA defaults
+to all GPUs as a "legacy" image, and NVIDIA_MIG_CONFIG_DEVICES / NVIDIA_MIG_MONITOR_DEVICES /
+NVIDIA_IMEX_CHANNELS are honoured the same way, none of it visible in the pod spec. A container with
+its own allocation gets the device plugin's list (volume mounts, its NVIDIA_VISIBLE_DEVICES or CDI
+annotations), which takes precedence over the image environment, so a profiler with SYS_ADMIN and
+`nvidia.com/gpu: 1` (dcgmproftester, Nsight) sees only its GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView
+from gpu_stack_webhook.policy.rules.base import Context, allocated_gpus, candidate_configs, is_gpu_pod
+
+ID = "GPU003"
+NAME = "no-privileged-gpu-containers"
+# Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
+SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})
+
+
+def canonical_capability(name: Any) -> str:
+    """`cap_sys_admin ` -> `SYS_ADMIN`: how containerd and CRI-O read a capability name."""
+    if not isinstance(name, str):
+        return ""
+    upper = name.strip().upper()
+    return upper[4:] if upper.startswith("CAP_") else upper
+
+
+def added_sys_admin(container: ContainerRef) -> tuple[int, str] | None:
+    """(index, spelling) of the first `capabilities.add` entry that grants CAP_SYS_ADMIN."""
+    capabilities = container.security_context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
+    for index, name in enumerate(added if isinstance(added, list) else ()):
+        if canonical_capability(name) in SYS_ADMIN_GRANTING:
+            return index, str(name)
+    return None
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    privileged = [c for c in pod.containers() if c.security_context.get("privileged") is True]
+    sys_admin = [(c, found) for c in pod.containers() if (found := added_sys_admin(c)) is not None]
+    if not (privileged or sys_admin) or not is_gpu_pod(pod, ctx):
+        return
+    for container in privileged:
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f"{container.label} is privileged in a GPU pod and would see every GPU on the node; "
+            f"remove securityContext.privileged",
+            f"{container.path}.securityContext.privileged",
+        )
+    own = allocated_gpus(pod, ctx) if all(c.list_overrides_image_env for c in candidate_configs(pod, ctx)) else {}
+    privileged_pointers = {c.pointer for c in privileged}
+    for container, (index, spelling) in sys_admin:
+        if container.pointer in own or container.pointer in privileged_pointers:
+            continue
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f"{container.label} adds capability {spelling} in a GPU pod without a GPU of its own; the NVIDIA "
+            f"runtime treats CAP_SYS_ADMIN as privileged and gives it every GPU its image asks for "
+            f"(NVIDIA_VISIBLE_DEVICES=all in CUDA images); drop {spelling} or give the container its own "
+            f"GPU request",
+            f"{container.path}.securityContext.capabilities.add[{index}]",
+        )

@@ -1,0 +1,34 @@
+"""GPU008 gpu-runtime-class: GPU pods run under the NVIDIA runtime class when it is not the node default.
+
+In the chart's default runtime layout the NVIDIA runtime is not containerd's (or CRI-O's) default
+runtime, so the privileged agents of a GPU node (CNI, monitoring, anything from a CUDA base image)
+are not handed every GPU by the runtime. GPU pods then need `runtimeClassName: nvidia`. With
+`injectRuntimeClassName` set, the mutating pass adds it to a Pod being created that allocates a GPU
+(some container names a GPU resource with a count above 0) and names no runtime class; a warning says
+so. A pod that names another runtime class keeps it (its GPUs then reach it only through CDI, or not
+at all). Pods that name the class without a GPU are judged as GPU pods by GPU003.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules.base import Context, allocated_gpus
+
+ID = "GPU008"
+NAME = "gpu-runtime-class"
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    wanted = ctx.config.inject_runtime_class_name
+    if not wanted or not ctx.can_patch or pod.spec.get("runtimeClassName") or not allocated_gpus(pod, ctx):
+        return
+    yield Finding(
+        ID,
+        Severity.WARN,
+        f"set runtimeClassName {wanted}: GPU pods run under the NVIDIA runtime",
+        f"{pod.path}.runtimeClassName",
+        patch=({"op": "add", "path": f"{pod.pointer}/runtimeClassName", "value": wanted},),
+    )

@@ -1,0 +1,39 @@
+"""GPU004 shared-gpu-single-request: no request above one for a shared GPU that refuses it.
+
+With time-slicing or MPS a request for more than one replica does not give more compute, and with
+`failRequestsGreaterThanOne` (always, for MPS) the device plugin fails such a pod on the node, where
+it sits in UnexpectedAdmissionError. Denied when every config the pod could land on refuses it;
+a warning when only some do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView, format_count
+from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+
+ID = "GPU004"
+NAME = "shared-gpu-single-request"
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    candidates = candidate_configs(pod, ctx)
+    for amount in gpu_amounts(pod, ctx):
+        count = amount.count
+        if count is None or count <= 1:
+            continue
+        exposing = [(cfg, cfg.lookup(amount.resource)) for cfg in candidates]
+        exposing = [(cfg, res) for cfg, res in exposing if res is not None]
+        refusing = [cfg.name for cfg, res in exposing if res is not None and res.fail_requests_greater_than_one]
+        if not refusing:
+            continue
+        severity = Severity.DENY if len(refusing) == len(exposing) else Severity.WARN
+        yield Finding(
+            ID,
+            severity,
+            f"{amount.container.label} requests {format_count(count)} {amount.resource}; shared GPUs allow 1 "
+            f"(config {', '.join(refusing)}): request 1",
+            f"{amount.container.path}.resources",
+        )

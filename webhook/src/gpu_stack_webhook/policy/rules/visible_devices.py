@@ -1,0 +1,86 @@
+"""GPU002 no-nvidia-visible-devices: no container of any pod sets NVIDIA_VISIBLE_DEVICES.
+
+The NVIDIA container runtime hands a container every GPU this variable names, whatever the device
+plugin allocated, so it is forbidden in every pod, GPU or not: as an `env` entry (value or
+valueFrom), or through an `envFrom` prefix that could produce the name. An `envFrom` without a
+prefix imports whatever keys its ConfigMap or Secret holds, which cannot be seen offline: a warning.
+With API lookups (ctx.facts online) the ConfigMap is read: holding the key is a denial, not holding it
+no finding at all. Secrets are never read, so a secretRef without a prefix keeps its warning; so does
+a ConfigMap that does not exist yet or could not be read (the warning says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules.base import Context
+
+ID = "GPU002"
+NAME = "no-nvidia-visible-devices"
+VARIABLE = "NVIDIA_VISIBLE_DEVICES"
+
+
+def _source(entry: Mapping[str, object]) -> str:
+    for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
+        ref = entry.get(key)
+        if isinstance(ref, dict):
+            return f'{kind} "{ref.get("name", "")}"'
+    return "a source"
+
+
+def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    for container in pod.containers():
+        for index, entry in enumerate(container.env):
+            if isinstance(entry, dict) and entry.get("name") == VARIABLE:
+                how = "from valueFrom" if "valueFrom" in entry else "explicitly"
+                yield Finding(
+                    ID,
+                    Severity.DENY,
+                    f"{container.label} sets {VARIABLE} {how}; GPUs are assigned by the device plugin, "
+                    f"request nvidia.com/gpu instead",
+                    f"{container.path}.env[{index}]",
+                )
+        for index, entry in enumerate(container.env_from):
+            if not isinstance(entry, dict):
+                continue
+            prefix = entry.get("prefix") or ""
+            path = f"{container.path}.envFrom[{index}]"
+            if not isinstance(prefix, str):
+                continue
+            if prefix and VARIABLE.startswith(prefix):
+                yield Finding(
+                    ID,
+                    Severity.DENY,
+                    f'{container.label} imports {_source(entry)} with prefix "{prefix}", which can produce '
+                    f"{VARIABLE}; use a prefix that is not the start of {VARIABLE}",
+                    path,
+                )
+            elif not prefix:
+                yield from _unprefixed(container.label, entry, path, ctx)
+
+
+def _unprefixed(label: str, entry: Mapping[str, object], path: str, ctx: Context) -> Iterator[Finding]:
+    warning = f"{label}: envFrom {_source(entry)} has no prefix; it must not hold {VARIABLE}"
+    ref = entry.get("configMapRef")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not (ctx.facts.online and ctx.namespace and isinstance(name, str) and name):
+        yield Finding(ID, Severity.WARN, warning, path)
+        return
+    fact = ctx.facts.configmap_keys(ctx.namespace, name)
+    # What must not happen first, the reason last: kubectl shows warnings cut to 120 characters.
+    if not fact.known:
+        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" must not hold {VARIABLE} '
+                      f"({fact.note})", path)
+    elif fact.value is None:
+        yield Finding(ID, Severity.WARN, f'{label}: envFrom ConfigMap "{name}" must not hold {VARIABLE} '
+                      "(not found yet)", path)
+    elif VARIABLE in fact.value:
+        yield Finding(
+            ID,
+            Severity.DENY,
+            f'{label} imports ConfigMap "{name}" (envFrom, no prefix), which holds {VARIABLE}; GPUs are '
+            f"assigned by the device plugin: remove that key or set an envFrom prefix",
+            path,
+        )

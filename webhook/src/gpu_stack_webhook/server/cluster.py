@@ -1,0 +1,167 @@
+"""What `gpu-stack-webhook serve` needs from the cluster: self-managed TLS and API lookups.
+
+`add_arguments` adds the flags to the `serve` parser; `prepare(args)` runs before gunicorn binds and
+returns where the certificate is, the /readyz hook, the facts for the rules and extra gunicorn hooks:
+
+* `--tls-mode files` (default): --cert/--key are read as they are (cert-manager or a user Secret mounted
+  by the chart); a renewed pair on disk is picked up by tls_reload.py.
+* `--tls-mode self-managed`: the Secret, CA, serving certificate and caBundle are ensured now (retried a
+  few times, then `serve` exits), the pair is written to --cert-dir, /readyz answers from the ready-file
+  the master writes, and a renewal thread runs in the gunicorn master (started in `when_ready`).
+* `--cluster-lookups`: the rules may read ConfigMaps and namespace labels (facts.py), with a short
+  request timeout and a TTL cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.lookups import ApiFacts
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
+from gpu_stack_webhook.tls.selfmanaged import Renewer, Settings, TlsManager, file_readiness
+
+log = logging.getLogger("gpu_stack_webhook.tls")
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_CERT_DIR = "/run/gpu-stack/tls"
+BOOTSTRAP_ATTEMPTS = 6
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> datetime.timedelta:
+    """'90d', '2160h', '10m', '30s', '500ms' (argparse type)."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration (e.g. 2160h, 30d, 10m, 5s): {text!r}")
+    return datetime.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def add_arguments(srv: argparse.ArgumentParser) -> None:
+    tls = srv.add_argument_group("TLS")
+    tls.add_argument("--tls-mode", choices=["files", "self-managed"], default="files",
+                     help="files: serve --cert/--key as given; self-managed: keep a CA and certificate in a "
+                          "Secret and patch the webhook configurations' caBundle (default %(default)s)")
+    tls.add_argument("--cert-dir", default=DEFAULT_CERT_DIR,
+                     help="self-managed: where tls.crt/tls.key are written (default %(default)s)")
+    tls.add_argument("--tls-secret", help="self-managed: the Secret holding CA and certificate")
+    tls.add_argument("--namespace", help="self-managed: the Secret's namespace (default $POD_NAMESPACE, else "
+                                         "the pod's ServiceAccount namespace)")
+    tls.add_argument("--service", help="self-managed: the webhook Service name (certificate DNS names)")
+    tls.add_argument("--mutating-webhook-configuration", help="self-managed: name to patch caBundle into")
+    tls.add_argument("--validating-webhook-configuration", help="self-managed: name to patch caBundle into "
+                                                                "(also the Secret's owner)")
+    tls.add_argument("--cert-validity", type=duration, default=duration("90d"))
+    tls.add_argument("--cert-renew-before", type=duration, default=duration("30d"))
+    tls.add_argument("--ca-validity", type=duration, default=duration("1825d"))
+    tls.add_argument("--ca-renew-before", type=duration, default=duration("365d"))
+    tls.add_argument("--ca-overlap", type=duration, default=duration("1h"),
+                     help="time a new CA is in the caBundle before it signs (default 1h)")
+    tls.add_argument("--tls-check-interval", type=duration, default=duration("10m"),
+                     help="how often the master re-checks Secret and caBundle (default 10m)")
+    api = srv.add_argument_group("Kubernetes API")
+    api.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
+    api.add_argument("--cluster-lookups", action="store_true",
+                     help="let the rules read envFrom ConfigMaps and namespace Pod Security labels")
+    api.add_argument("--lookup-timeout", type=duration, default=duration("2s"))
+    api.add_argument("--lookup-ttl", type=duration, default=duration("30s"))
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return SA_NAMESPACE_FILE.read_text(encoding="utf-8").strip()
+    except OSError:
+        raise ValueError("--namespace is required (no $POD_NAMESPACE, no ServiceAccount namespace file)") from None
+
+
+@dataclass
+class Prepared:
+    certfile: str
+    keyfile: str
+    readiness: Callable[[], bool] | None = None
+    facts: ClusterFacts = OFFLINE
+    gunicorn_settings: dict[str, Any] = field(default_factory=dict)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    missing = [flag for flag, value in (
+        ("--tls-secret", args.tls_secret), ("--service", args.service)) if not value]
+    if not (args.mutating_webhook_configuration or args.validating_webhook_configuration):
+        missing.append("--mutating-webhook-configuration or --validating-webhook-configuration")
+    if missing:
+        raise ValueError(f"--tls-mode self-managed needs {', '.join(missing)}")
+    return Settings(
+        namespace=_namespace(args), secret_name=args.tls_secret, service_name=args.service,
+        mutating_configuration=args.mutating_webhook_configuration or "",
+        validating_configuration=args.validating_webhook_configuration or "",
+        cert_dir=Path(args.cert_dir), cert_validity=args.cert_validity, cert_renew_before=args.cert_renew_before,
+        ca_validity=args.ca_validity, ca_renew_before=args.ca_renew_before, ca_overlap=args.ca_overlap,
+    )
+
+
+def bootstrap(manager: TlsManager, attempts: int = BOOTSTRAP_ATTEMPTS, sleep: Callable[[float], None] = time.sleep,
+              ) -> None:
+    """The first reconcile, before gunicorn binds: retried with backoff; raises ValueError at the end."""
+    manager.clear_ready()
+    for attempt in range(1, attempts + 1):
+        try:
+            status = manager.reconcile()
+        except KubeError as exc:
+            log.error("self-managed TLS: attempt %d/%d failed: %s", attempt, attempts, exc)
+            if attempt == attempts:
+                raise ValueError(f"self-managed TLS: cannot set up {manager.where}: {exc}") from None
+            sleep(min(2 ** attempt, 10))
+            continue
+        if not status.ready:
+            log.warning("self-managed TLS: certificate ready, caBundle not yet in place; /readyz stays false "
+                        "until the renewal thread sets it")
+        return
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Raises ValueError with a message for the user when something cannot be set up."""
+    needs_api = args.tls_mode == "self-managed" or args.cluster_lookups
+    api = None
+    if needs_api:
+        try:
+            api = KubernetesClientApi.from_environment(args.kubeconfig, DEFAULT_TIMEOUT)
+        except Exception as exc:
+            raise ValueError(f"cannot configure Kubernetes API access: {exc}") from None
+    facts: ClusterFacts = OFFLINE
+    if args.cluster_lookups:
+        timeout = args.lookup_timeout.total_seconds()
+        lookups = KubernetesClientApi(api.api_client, (timeout, timeout)) if api else None
+        assert lookups is not None
+        facts = ApiFacts(lookups, ttl=args.lookup_ttl.total_seconds())
+    if args.tls_mode != "self-managed":
+        if not (args.cert and args.key):
+            raise ValueError("--cert and --key are required unless --tls-mode self-managed")
+        return Prepared(certfile=args.cert, keyfile=args.key, facts=facts)
+    assert api is not None
+    settings = settings_from(args)
+    manager = TlsManager(api, settings)
+    bootstrap(manager)
+    renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds())
+
+    def when_ready(server: Any) -> None:
+        renewer.start()
+
+    return Prepared(
+        certfile=str(settings.certfile), keyfile=str(settings.keyfile),
+        readiness=file_readiness(settings.ready_file), facts=facts,
+        gunicorn_settings={"when_ready": when_ready},
+    )

@@ -1,0 +1,195 @@
+"""Production gunicorn settings for `gpu-stack-webhook serve`, built in code (no config file to mount).
+
+* gthread workers with the TLS handshake and the wait for a request on the poller (worker.py, issue 18),
+  one listening socket per worker (reuse_port: the kernel spreads connections over the workers)
+  (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
+  --workers / --threads): the policy is CPU-light, threads cover concurrent apiserver connections.
+* keep-alive 100 s: longer than the apiserver's idle timeout for webhook connections (Go's 90 s
+  IdleConnTimeout), so the client, not the server, closes idle connections and never races a close.
+* timeout 30 s (the apiserver gives up after timeoutSeconds <= 30), graceful_timeout 25 s (inside
+  the pod's default 30 s terminationGracePeriodSeconds).
+* TLS from certfile/keyfile with TLS 1.2 as the minimum, set in the `ssl_context` hook (gunicorn >= 21;
+  `ssl_version` is deprecated and ignored by gunicorn 27).
+* preload_app: the app (and the policy) is built in the master before any socket is bound or worker
+  forked; `serve` also validates the policy before starting gunicorn at all.
+* access log off (one JSON decision line per review instead); gunicorn's own log as JSON lines.
+* Prometheus multiprocess mode: a fresh PROMETHEUS_MULTIPROC_DIR created in the master, dead
+  workers marked in child_exit, the directory removed on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn import glogging
+
+from gpu_stack_webhook.server import slowclients
+from gpu_stack_webhook.settings import env_number
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+WORKERS_ENV = "GPU_STACK_WEBHOOK_WORKERS"
+THREADS_ENV = "GPU_STACK_WEBHOOK_THREADS"
+WORKER_CLASS = "gpu_stack_webhook.server.worker.PollingThreadWorker"
+DEFAULT_WORKERS = 2
+DEFAULT_THREADS = 4
+KEEPALIVE_SECONDS = 100
+TIMEOUT_SECONDS = 30
+GRACEFUL_TIMEOUT_SECONDS = 25
+MIN_TLS_VERSION = ssl.TLSVersion.TLSv1_2
+# An AdmissionReview is one POST with a handful of headers.
+LIMIT_REQUEST_LINE = 4094
+LIMIT_REQUEST_FIELDS = 50
+LIMIT_REQUEST_FIELD_SIZE = 8190
+
+# (pid of the master that created it, path): worker processes unwind through the same frames when
+# they exit (SystemExit), and must not remove the directory the master and its other workers use.
+_owned_metrics_dir: list[tuple[int, str]] = []
+
+
+def env_int(name: str, default: int) -> int:
+    return env_number(name, default, int, minimum=1)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    bind: str
+    certfile: str
+    keyfile: str
+    workers: int = DEFAULT_WORKERS
+    threads: int = DEFAULT_THREADS
+    log_level: str = "info"
+
+    @classmethod
+    def with_env_defaults(
+        cls, *, bind: str, certfile: str, keyfile: str, workers: int | None = None, threads: int | None = None
+    ) -> ServeOptions:
+        """Flags win over the environment, the environment over the defaults."""
+        return cls(
+            bind=bind,
+            certfile=certfile,
+            keyfile=keyfile,
+            workers=workers if workers is not None else env_int(WORKERS_ENV, DEFAULT_WORKERS),
+            threads=threads if threads is not None else env_int(THREADS_ENV, DEFAULT_THREADS),
+        )
+
+
+def ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """gunicorn hook: the default context (cert chain, no client certs) with TLS 1.2 as the floor.
+    With a certfile configured, one context per worker process that reloads a renewed certificate on
+    the next handshake (tls_reload.py) instead of reading the files for every connection."""
+    certfile, keyfile = getattr(conf, "certfile", None), getattr(conf, "keyfile", None)
+    if isinstance(certfile, str) and isinstance(keyfile, str):
+        from gpu_stack_webhook.server.tls_context import reloading_context  # noqa: PLC0415
+
+        return reloading_context(certfile, keyfile, lambda: _tls_context(default_ssl_context_factory))
+    return _tls_context(default_ssl_context_factory)
+
+
+def _tls_context(default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    context = default_ssl_context_factory()
+    # MINIMUM_SUPPORTED (-2) and real versions below 1.2 are raised; a stricter floor (1.3) is kept.
+    context.minimum_version = max(context.minimum_version, MIN_TLS_VERSION)
+    context.options |= ssl.OP_NO_COMPRESSION
+    return context
+
+
+def prepare_metrics_dir() -> str:
+    """Create an empty multiprocess metrics directory for this master and export it.
+    Must run before prometheus_client is imported (it picks its value class at import time)."""
+    path = tempfile.mkdtemp(prefix="gpu-stack-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    _owned_metrics_dir.append((os.getpid(), path))
+    return path
+
+
+def remove_metrics_dir() -> None:
+    """Remove the directory this process created (a no-op in forked workers)."""
+    for owner, path in list(_owned_metrics_dir):
+        if owner == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+            _owned_metrics_dir.remove((owner, path))
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook (master): forget the live-gauge files of a dead worker; counters keep counting."""
+    # Imported here: prometheus_client must not be imported before prepare_metrics_dir ran.
+    from prometheus_client import multiprocess  # noqa: PLC0415
+
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call,unused-ignore]
+
+
+def on_exit(server: Any) -> None:
+    remove_metrics_dir()
+
+
+class Logger(glogging.Logger):  # type: ignore[misc,unused-ignore]
+    """gunicorn's logger with the access log switched off: every review gets a decision line instead."""
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        return None
+
+
+
+def logging_config(level: str = "INFO") -> dict[str, Any]:
+    """dictConfig for JSON lines on stderr: our loggers and gunicorn's error log (access log is off)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "json": {
+                "()": "pythonjsonlogger.orjson.OrjsonFormatter",
+                "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+                "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+            }
+        },
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+        "loggers": {
+            "gunicorn.error": {"level": level, "handlers": [], "propagate": True},
+            "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+        },
+    }
+
+
+def settings(options: ServeOptions) -> dict[str, Any]:
+    """The gunicorn settings (names as in gunicorn's config)."""
+    return {
+        "bind": [options.bind],
+        # gthread with the TLS handshake and the wait for a request on its poller (worker.py).
+        "worker_class": WORKER_CLASS,
+        # One listening socket per worker (SO_REUSEPORT): the kernel spreads new connections over the
+        # workers, instead of whichever worker wakes first taking a whole burst of them.
+        "reuse_port": True,
+        "workers": options.workers,
+        "threads": options.threads,
+        "keepalive": KEEPALIVE_SECONDS,
+        "timeout": TIMEOUT_SECONDS,
+        "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
+        "certfile": options.certfile,
+        "keyfile": options.keyfile,
+        "ssl_context": ssl_context,
+        "limit_request_line": LIMIT_REQUEST_LINE,
+        "limit_request_fields": LIMIT_REQUEST_FIELDS,
+        "limit_request_field_size": LIMIT_REQUEST_FIELD_SIZE,
+        "preload_app": True,
+        "accesslog": None,
+        "logger_class": Logger,
+        "logconfig_dict": logging_config(options.log_level.upper()),
+        "loglevel": options.log_level,
+        "child_exit": child_exit,
+        # A per-request deadline so slow clients cannot pin every gthread thread (slowclients.py).
+        "post_worker_init": slowclients.post_worker_init,
+        "on_exit": on_exit,
+        "proc_name": "gpu-stack-webhook",
+        # The gunicornc control socket would need a writable $HOME; nothing here uses it.
+        "control_socket_disable": True,
+    }
