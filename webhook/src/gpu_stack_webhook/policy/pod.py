@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from functools import cached_property
-from typing import Any, cast
+from decimal import Decimal
+from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
-from kubernetes.utils.quantity import parse_quantity
+
+from gpu_stack_webhook.policy.quantity import parse_quantity
 
 # (field in the pod spec, how a user calls it)
 CONTAINER_FIELDS = (
@@ -49,14 +49,25 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-# Plain (not frozen) dataclasses: frozen __init__ is several times slower and these are built per review.
+# Plain (not frozen) slotted classes: frozen __init__ is several times slower and these are built per review.
 @dataclass(slots=True)
 class ContainerRef:
     kind: str  # container | initContainer | ephemeralContainer
     index: int
     spec: Mapping[str, Any]
-    path: str  # spec.initContainers[0]
-    pointer: str  # /spec/initContainers/0
+    field_name: str  # initContainers
+    pod_path: str  # spec
+    pod_pointer: str  # /spec
+
+    @property
+    def path(self) -> str:
+        """spec.initContainers[0]: formatted only when a finding names it."""
+        return f"{self.pod_path}.{self.field_name}[{self.index}]"
+
+    @property
+    def pointer(self) -> str:
+        """/spec/initContainers/0"""
+        return f"{self.pod_pointer}/{self.field_name}/{self.index}"
 
     @property
     def name(self) -> str:
@@ -93,7 +104,9 @@ class PodView:
     pointer: str  # "/spec" or "/spec/template/spec"
     metadata_path: str  # "metadata" or "spec.template.metadata"
     # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
-    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Built on the first containers() call (not a cached_property: its lock costs more than the build).
+    _containers: tuple[ContainerRef, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def is_template(self) -> bool:
@@ -123,22 +136,21 @@ class PodView:
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
-        return iter(self._containers)
+        found = self._containers
+        if found is None:
+            found = self._containers = self._collect_containers()
+        return iter(found)
 
-    @cached_property
-    def _containers(self) -> tuple[ContainerRef, ...]:
-        return tuple(
-            ContainerRef(
-                kind=kind,
-                index=index,
-                spec=container,
-                path=f"{self.path}.{field_name}[{index}]",
-                pointer=f"{self.pointer}/{field_name}/{index}",
-            )
-            for field_name, kind in CONTAINER_FIELDS
-            for index, container in enumerate(_list(self.spec.get(field_name)))
-            if isinstance(container, dict)
-        )
+    def _collect_containers(self) -> tuple[ContainerRef, ...]:
+        spec, path, pointer = self.spec, self.path, self.pointer
+        found = []
+        for field_name, kind in CONTAINER_FIELDS:
+            items = spec.get(field_name)
+            if isinstance(items, list):
+                for index, container in enumerate(items):
+                    if isinstance(container, dict):
+                        found.append(ContainerRef(kind, index, container, field_name, path, pointer))
+        return tuple(found)
 
     @property
     def annotations(self) -> Mapping[str, Any]:
@@ -165,8 +177,8 @@ def parse_count(value: Any) -> Decimal | None:
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:
-        parsed = cast(Decimal, parse_quantity(value))  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError, InvalidOperation):
+        parsed = parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError):
         return None
     # Python's parser takes "Infinity", "inf" and "NaN"; Kubernetes quantities are finite numbers.
     return parsed if parsed.is_finite() else None

@@ -122,7 +122,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             patch=({"op": "add", "path": f"{base}/hostIPC", "value": True},),
         )
     existing = list(pod.tolerations)
-    missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
+    missing = [wanted for wanted in (t.as_k8s() for t in mps.tolerations) if not _tolerated(wanted, existing)]
     if missing:
         ops: tuple[JsonPatchOp, ...]
         if isinstance(pod.spec.get("tolerations"), list):
