@@ -129,13 +129,20 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {soak.latency_us.get('p99', 0) / 1000:.2f} ms, {soak.late} late sends")
     for line in result.rss_lines():
         print("  " + line)
-    failures = result.failures() + (many_clients_failures(args.many_clients, *many) if many else [])
-    verdict = "FAILED: " + "; ".join(failures) if failures else "passed"
-    print("soak: " + verdict)
+    many_failures = many_clients_failures(args.many_clients, *many) if many else []
+    failures = result.failures() + many_failures
+    print("soak: " + _verdict(failures))
     if args.report:
-        args.report.write_text(result.markdown(verdict, os.getloadavg()), encoding="utf-8")
+        many_line = (f"Many clients ({args.many_clients} keep-alive + silent connections, {args.many_seconds} s): "
+                     f"{many[1].requests:,} reviews, {many[1].errors} errors, max "
+                     f"{many[1].latency_us.get('max', 0) / 1000:.0f} ms: {_verdict(many_failures)}") if many else ""
+        args.report.write_text(result.markdown(os.getloadavg(), many_line), encoding="utf-8")
         print(f"soak: report written to {args.report}")
     return 1 if failures else 0
+
+
+def _verdict(failures: list[str]) -> str:
+    return "FAILED: " + "; ".join(failures) if failures else "passed"
 
 
 @dataclass
@@ -168,7 +175,9 @@ class SoakResult:
                 f"{self.end_rss.get(pid, 0) / 1024:.1f} MB ({growth.get(pid, float('nan')):+.2%})"
                 for pid, kb in sorted(self.start_rss.items())]
 
-    def markdown(self, verdict: str, loadavg: tuple[float, float, float]) -> str:
+    def markdown(self, loadavg: tuple[float, float, float], many_clients: str = "") -> str:
+        """The report section; its `Verdict:` line judges the soak itself (errors, workers, RSS growth),
+        the many-clients phase (issue 18) has its own line."""
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         p50, p99 = (self.soak.latency_us.get(k, 0) / 1000 for k in ("p50", "p99"))
         load = " / ".join(f"{x:.2f}" for x in loadavg)
@@ -179,7 +188,8 @@ class SoakResult:
             f"p99 {p99:.2f} ms; load average at the end {load}. "
             f"Worker VmRSS (limit: growth under {MAX_RSS_GROWTH:.0%} from the start of the soak to its end):", "",
             *[f"* {line}" for line in self.rss_lines()], "",
-            f"Verdict: {verdict}", ""])
+            *([many_clients, ""] if many_clients else []),
+            f"Verdict: {_verdict(self.failures())}", ""])
 
 
 if __name__ == "__main__":
