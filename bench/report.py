@@ -7,6 +7,7 @@ bench/analysis.md and is appended verbatim, so every `make bench` rewrites the f
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,17 @@ def _core_us(text: str) -> float:
         if line.startswith("evaluate 3-container GPU pod"):
             return float(line.split()[-2])
     return 0.0
+
+
+_SECTION = re.compile(r"<!-- (?P<name>[\w-]+):begin[^>]*-->.*?<!-- (?P=name):end -->", re.DOTALL)
+
+
+def keep_sections(old: str, new: str) -> str:
+    """`new` with the marked sections of `old` it lacks appended (bench/many_clients.py and
+    bench/apiserver_load.py write theirs between markers after this report; a run of this script alone
+    keeps them)."""
+    kept = [m.group(0) for m in _SECTION.finditer(old) if f"<!-- {m.group('name')}:begin" not in new]
+    return "\n\n".join([new.rstrip("\n"), *kept]) + "\n"
 
 
 def _load(avg: Any) -> str:

@@ -596,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report.render(results, " ".join(["make bench" if not argv and not sys.argv[1:] else
                                              "bench/run_bench.py " + " ".join(sys.argv[1:])]),
                          args.out.resolve().parent)
-    args.out.write_text(text, encoding="utf-8")
+    old = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+    args.out.write_text(report.keep_sections(old, text), encoding="utf-8")
     print()
     print(text)
     if args.json:

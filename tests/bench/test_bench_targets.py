@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "hack"))
 
 import bodies  # noqa: E402
+import report  # noqa: E402
 import run_bench  # noqa: E402
 import soak  # noqa: E402
 import targets  # noqa: E402
@@ -113,3 +114,13 @@ def test_the_soak_fails_on_rss_growth_errors_or_a_replaced_worker() -> None:
     # The verdict is the soak's own; the many-clients phase (issue 18) reports on its own line.
     assert "Verdict: passed" in report.splitlines()
     assert "Verdict: FAILED: RSS growth 6.00% >= 5%" in result({1: 53_000, 2: 50_000}).markdown((1.0, 1.0, 1.0))
+
+
+def test_a_bench_run_alone_keeps_the_sections_the_other_bench_scripts_wrote() -> None:
+    old = ("# Benchmarks\nold figures\n\n<!-- many-clients:begin (bench/many_clients.py) -->\n## Many\nrows\n"
+           "<!-- many-clients:end -->\n\n<!-- inspect-scale:begin (x) -->\nold inspect\n<!-- inspect-scale:end -->\n")
+    new = "# Benchmarks\nnew figures\n\n<!-- inspect-scale:begin (x) -->\nnew inspect\n<!-- inspect-scale:end -->\n"
+    out = report.keep_sections(old, new)
+    assert out.startswith(new.rstrip("\n"))
+    assert "## Many\nrows\n<!-- many-clients:end -->" in out
+    assert "old inspect" not in out and "old figures" not in out
