@@ -46,11 +46,11 @@ import flamegraph
 import profile_summary
 import report
 from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES
 from gpu_stack_webhook.server import gunicorn_conf
-from gpu_stack_webhook.server.app import answer_review
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -378,8 +378,7 @@ def inprocess_sizes(number: int) -> list[dict[str, Any]]:
         reps = max(3, number // n)
         evaluate = _median_us(lambda obj=obj: policy.evaluate(obj, "Pod"), reps)
         parse = _median_us(lambda data=data: json.loads(data), reps)
-        full = _median_us(lambda data=data: json.dumps(
-            answer_review(policy, Endpoint.VALIDATE, json.loads(data)).response), reps)
+        full = _median_us(lambda data=data: answer(Endpoint.VALIDATE, data, policy).body, reps)
         rows.append({"containers": n, "bytes": len(data), "evaluate_us": evaluate, "json_loads_us": parse,
                      "review_us": full})
     return rows

@@ -17,10 +17,9 @@ import platform
 import statistics
 import timeit
 
-from gpu_stack_webhook.admission import decide
 from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.admission.requests import admission_review
-from gpu_stack_webhook.admission.review import build_response, parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 
@@ -62,16 +61,14 @@ def main() -> None:
 
     policy = Policy(PolicyConfig())
     pod = three_container_gpu_pod()
-    body = json.dumps(admission_review(pod, uid="0b1c8f7e-bench"))
+    body = json.dumps(admission_review(pod, uid="0b1c8f7e-bench")).encode()
 
     def evaluate() -> None:
         policy.evaluate(pod, "Pod", can_patch=True)
 
     def full_review(endpoint: Endpoint):
         def run() -> None:
-            request = parse_review(json.loads(body))
-            decision = decide.review(policy, request, endpoint)
-            json.dumps(build_response(request.uid, decision, allow_patch=endpoint is Endpoint.MUTATE))
+            answer(endpoint, body, policy)  # the server's own path: bytes in, bytes out
         return run
 
     mps_pod = copy.deepcopy(pod)

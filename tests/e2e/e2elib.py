@@ -238,19 +238,6 @@ class LiveWebhook:
                 self.wait_called(probe_namespace)
         return self
 
-    def start_self_managed(self, release: Release, kubeconfig: Path, extra_args: Sequence[str] = ()) -> LiveWebhook:
-        """`serve --tls-mode self-managed` as the chart runs it (its Secret, Service and configurations),
-        with the API access of `kubeconfig`; the webhook configurations are left as they are."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "policy.yaml"
-        config.write_text("{}\n")
-        name = f"{release.fullname}-webhook"
-        self._serve(["--config", str(config), "--tls-mode", "self-managed", "--cert-dir", str(self.workdir / "tls"),
-                     "--tls-secret", f"{name}-tls", "--namespace", release.namespace, "--service", name,
-                     "--mutating-webhook-configuration", name, "--validating-webhook-configuration", name,
-                     "--kubeconfig", str(kubeconfig), *extra_args])
-        return self
-
     @staticmethod
     def command() -> list[str]:
         script = Path(sys.executable).with_name("gpu-stack-webhook")
@@ -275,11 +262,8 @@ class LiveWebhook:
         raise AssertionError(f"gpu-stack-webhook serve did not start:\n{self.log()}")
 
     def _wait_healthy(self) -> bool:
-        assert self.process is not None
-        if self.pki is not None:
-            context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        else:  # self-managed: the certificate names the Service, not 127.0.0.1; liveness only here
-            context = ssl._create_unverified_context()
+        assert self.process is not None and self.pki is not None
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         deadline = time.monotonic() + self.STARTUP_SECONDS
         while time.monotonic() < deadline and self.process.poll() is None:
             with contextlib.suppress(OSError, http.client.HTTPException):

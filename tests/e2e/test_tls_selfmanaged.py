@@ -3,9 +3,14 @@ the webhook's own ServiceAccount: a token from the TokenRequest API (`kubectl cr
 chart installs, nothing more. No nodes run the chart's Deployment, so the `serve` processes run here, with
 the arguments the chart gives the container (read from the installed Deployment).
 
-tests/e2e/test_selfmanaged_tls.py covers the bootstrap path (a replica starting on a corrupted Secret) and
-an RBAC denial; this file covers running replicas: the renewal thread repairing a corrupted Secret,
-CA rotation with short lifetimes, and the garbage collector after uninstall."""
+- Two replicas starting together agree on one CA; the caBundle lands in both configurations; the Secret is
+  owned by the ValidatingWebhookConfiguration; what is served over TLS is the Secret's certificate.
+- A corrupted Secret is repaired both ways: by running replicas in their renewal loop, and by a replica
+  that starts on it (bootstrap, an ERROR log line saying what was wrong).
+- The garbage collector removes the Secret after `helm uninstall`.
+- The namespace's default ServiceAccount (none of the chart's RBAC): `serve` stops with a clear error.
+- Short lifetimes: the serving certificate is renewed from the same CA and served without a restart, then
+  the CA is rotated (in every caBundle before it signs)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -65,11 +72,22 @@ def chart_serve_args(cluster: E2ECluster, release: Release) -> list[str]:
     return out
 
 
+def serve_command() -> str:
+    script = Path(sys.executable).with_name("gpu-stack-webhook")
+    return str(script) if script.exists() else shutil.which("gpu-stack-webhook") or "gpu-stack-webhook"
+
+
+def serve_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "PROMETHEUS_MULTIPROC_DIR")}
+    return env | {"GPU_STACK_WEBHOOK_WORKERS": "1", "GPU_STACK_WEBHOOK_THREADS": "2"}
+
+
 @dataclass
 class Serve:
     process: subprocess.Popen[bytes]
     cert_dir: Path
     log_path: Path
+    port: int
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -80,6 +98,34 @@ class Serve:
     def wait_ready(self) -> None:
         wait_for((self.cert_dir / "ready").exists, "self-managed TLS ready (ready-file)",
                  self.process, self.log)
+
+    def served(self, bundle: bytes, hostname: str) -> x509.Certificate:
+        """The certificate served on the port over TLS, verified against `bundle` for the Service's DNS name
+        (what the API server checks); waits until gunicorn accepts connections."""
+        context = ssl.create_default_context(cadata=bundle.decode())
+
+        def handshake() -> x509.Certificate | None:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=10) as raw, \
+                        context.wrap_socket(raw, server_hostname=hostname) as tls:
+                    der = tls.getpeercert(binary_form=True)
+            except ConnectionError:
+                return None
+            assert der is not None
+            return x509.load_der_x509_certificate(der)
+
+        result: x509.Certificate = wait_for(handshake, f"a TLS handshake on port {self.port}", self.process,
+                                            self.log)
+        return result
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # gunicorn's quick shutdown
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 def wait_for(condition: Callable[[], Any], what: str, process: subprocess.Popen[bytes] | None = None,
@@ -98,33 +144,25 @@ def wait_for(condition: Callable[[], Any], what: str, process: subprocess.Popen[
 @pytest.fixture
 def serve(cluster: E2ECluster, tmp_path: Path) -> Iterator[Callable[..., Serve]]:
     started: list[Serve] = []
-    script = Path(sys.executable).with_name("gpu-stack-webhook")
-    command = str(script) if script.exists() else shutil.which("gpu-stack-webhook") or "gpu-stack-webhook"
 
     def start(args: list[str], kubeconfig: Path) -> Serve:
         workdir = tmp_path / f"serve-{len(started)}"
         workdir.mkdir()
         (workdir / "policy.yaml").write_text("{}\n")
-        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "PROMETHEUS_MULTIPROC_DIR")}
-        env |= {"GPU_STACK_WEBHOOK_WORKERS": "1", "GPU_STACK_WEBHOOK_THREADS": "2"}
         log_path = workdir / "serve.log"
+        port = controlplane.free_port()
         with log_path.open("ab") as log:
             process = subprocess.Popen(
-                [command, "serve", *args, "--kubeconfig", str(kubeconfig), "--config", str(workdir / "policy.yaml"),
-                 "--cert-dir", str(workdir / "tls"), "--bind", f"127.0.0.1:{controlplane.free_port()}"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
-        started.append(Serve(process, workdir / "tls", log_path))
+                [serve_command(), "serve", *args, "--kubeconfig", str(kubeconfig),
+                 "--config", str(workdir / "policy.yaml"), "--cert-dir", str(workdir / "tls"),
+                 "--bind", f"127.0.0.1:{port}"],
+                stdout=log, stderr=subprocess.STDOUT, env=serve_env(), cwd=workdir, start_new_session=True)
+        started.append(Serve(process, workdir / "tls", log_path, port))
         return started[-1]
 
     yield start
     for s in started:
-        if s.process.poll() is None:
-            s.process.send_signal(signal.SIGINT)  # gunicorn's quick shutdown
-            try:
-                s.process.wait(30)
-            except subprocess.TimeoutExpired:
-                s.process.kill()
-                s.process.wait()
+        s.stop()
 
 
 def secret_data(cluster: E2ECluster, release: Release) -> dict[str, bytes] | None:
@@ -161,6 +199,11 @@ def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return True
 
 
+def corrupt(cluster: E2ECluster, release: Release, key: str, junk: bytes) -> None:
+    cluster.kubectl("patch", "secret", f"{release.fullname}-webhook-tls", "-n", release.namespace, "--type=merge",
+                    "-p", json.dumps({"data": {key: base64.b64encode(junk).decode()}}))
+
+
 @pytest.fixture
 def release(releases: Releases) -> Release:
     installed, _ = releases.install()
@@ -172,6 +215,7 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
         tmp_path: Path) -> None:
     assert secret_data(cluster, release) is None  # the chart leaves the Secret to the webhook
     kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
+    hostname = f"{release.fullname}-webhook.{release.namespace}.svc"
     args = [*chart_serve_args(cluster, release), "--tls-check-interval", "2s"]
     replicas = [serve(args, kubeconfig), serve(args, kubeconfig)]  # started together
     for replica in replicas:
@@ -181,18 +225,20 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
     ca = signing_ca(data)
     assert len(cas(data["ca.crt"])) == 1  # one CA: the replica that lost the create race used the winner's
     assert all(issued_by(r.serving_cert(), ca) for r in replicas)
+    for replica in replicas:  # what the API server would be served: the Secret's certificate, for the Service
+        assert replica.served(data["ca.crt"], hostname) == x509.load_pem_x509_certificate(data["tls.crt"])
     assert ca_bundles(cluster, release) == [data["ca.crt"]] * 2  # mutate + validate webhooks
     names = replicas[0].serving_cert().extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert f"{release.fullname}-webhook.{release.namespace}.svc" in names.get_values_for_type(x509.DNSName)
+    assert hostname in names.get_values_for_type(x509.DNSName)
     secret = cluster.get_json("secret", f"{release.fullname}-webhook-tls", "-n", release.namespace)
     assert secret["type"] == "kubernetes.io/tls"
     (owner,) = secret["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == ("ValidatingWebhookConfiguration", f"{release.fullname}-webhook")
 
-    # A corrupted Secret (the CA key replaced by junk) is replaced on the next check, and both configurations
-    # trust the new CA (the old, still valid one stays in the bundle so nothing in flight breaks).
-    cluster.kubectl("patch", "secret", f"{release.fullname}-webhook-tls", "-n", release.namespace, "--type=merge",
-                    "-p", json.dumps({"data": {"ca.key": base64.b64encode(b"not a key").decode()}}))
+    # Running replicas: a corrupted Secret (the CA key replaced by junk) is replaced on the next check, and
+    # both configurations trust the new CA (the old, still valid one stays in the bundle so nothing in flight
+    # breaks).
+    corrupt(cluster, release, "ca.key", b"not a key")
 
     def repaired() -> dict[str, bytes] | None:
         now = secret_data(cluster, release)
@@ -208,22 +254,52 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
                  log=replica.log)
     assert "is corrupted (ca.key is not an EC private key of any certificate in ca.crt); replacing it" in "".join(
         r.log() for r in replicas)
+    for replica in replicas:  # stopped, as their Deployment would be
+        replica.stop()
 
-    # Uninstalled (the replicas stopped first, as their Deployment would be): the garbage collector removes the
-    # Secret, because its owner, the ValidatingWebhookConfiguration, is gone.
-    for replica in replicas:
-        replica.process.send_signal(signal.SIGINT)
-        replica.process.wait(30)
+    # A replica starting on a corrupted Secret (ca.crt no certificate at all) repairs it before it serves,
+    # with an ERROR line in the structured log saying what was wrong.
+    corrupt(cluster, release, "ca.crt", b"garbage")
+    third = serve(args, kubeconfig)
+    third.wait_ready()
+    data = secret_data(cluster, release)  # ready: the bootstrap reconcile has replaced it
+    assert data is not None and data["ca.crt"] != b"garbage"
+    assert len(cas(data["ca.crt"])) == 1  # nothing of the old bundle to keep
+    assert '"level":"ERROR"' in third.log() and "is corrupted (ca.crt is missing or holds no PEM certificate)" in \
+        third.log(), third.log()
+    assert third.served(data["ca.crt"], hostname) == x509.load_pem_x509_certificate(data["tls.crt"])
+    wait_for(lambda: ca_bundles(cluster, release) == [data["ca.crt"]] * 2, "the repaired bundle in both configurations")
+    third.stop()
+
+    # Uninstalled: the garbage collector removes the Secret, because its owner, the
+    # ValidatingWebhookConfiguration, is gone.
     releases.uninstall(release)
     cluster.kubectl("wait", "--for=delete", f"secret/{release.fullname}-webhook-tls", "-n", release.namespace,
                     "--timeout=60s")
 
 
+def test_rbac_denial_is_a_clear_error(cluster: E2ECluster, release: Release, tmp_path: Path) -> None:
+    """The namespace's default ServiceAccount has none of the chart's RBAC: serve stops and says why."""
+    kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "default.kubeconfig", serviceaccount="default")
+    (tmp_path / "policy.yaml").write_text("{}\n")
+    proc = subprocess.run([serve_command(), "serve", *chart_serve_args(cluster, release),
+                           "--config", str(tmp_path / "policy.yaml"), "--cert-dir", str(tmp_path / "tls"),
+                           "--kubeconfig", str(kubeconfig), "--bind", "127.0.0.1:0"],
+                          capture_output=True, text=True, env=serve_env(), cwd=tmp_path, timeout=180, check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpu-stack-webhook: self-managed TLS: cannot set up"), proc.stderr
+    assert "403" in last or "forbidden" in last.lower(), last
+    assert f"system:serviceaccount:{release.namespace}:default" in proc.stderr, proc.stderr
+    assert secret_data(cluster, release) is None  # nothing written
+
+
 def test_rotation_with_short_lifetimes(cluster: E2ECluster, release: Release, serve: Callable[..., Serve],
                                        tmp_path: Path) -> None:
     kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
+    hostname = f"{release.fullname}-webhook.{release.namespace}.svc"
     # CA valid 60s, rotated when 45s are left (after ~15s), new CA trusted 3s before it signs; serving
-    # certificates valid 30s, renewed 20s before they expire.
+    # certificates valid 30s, renewed 20s before they expire (after ~10s).
     args = [*chart_serve_args(cluster, release), "--tls-check-interval", "1s", "--ca-validity", "60s",
             "--ca-renew-before", "45s", "--ca-overlap", "3s", "--cert-validity", "30s", "--cert-renew-before", "20s"]
     replica = serve(args, kubeconfig)
@@ -231,8 +307,22 @@ def test_rotation_with_short_lifetimes(cluster: E2ECluster, release: Release, se
     first = secret_data(cluster, release)
     assert first is not None
     first_ca, first_serial = signing_ca(first), replica.serving_cert().serial_number
-    wait_for(lambda: replica.serving_cert().serial_number != first_serial, "the serving certificate renewed",
-             log=replica.log, timeout=60)
+    assert replica.served(first["ca.crt"], hostname).serial_number == first_serial
+
+    # The serving certificate is renewed first, by the same CA (the CA's rotation starts in the reconcile
+    # that renews it at the latest, and a new CA signs only a reconcile after that); the Secret follows and
+    # the running workers serve it at their next handshake: no restart.
+    renewed = wait_for(lambda: (c := replica.serving_cert()).serial_number != first_serial and c,
+                       "the serving certificate renewed", replica.process, replica.log, timeout=60)
+    assert issued_by(renewed, first_ca)
+    wait_for(lambda: (now := secret_data(cluster, release)) and now["tls.crt"] != first["tls.crt"],
+             "the renewed certificate in the Secret", log=replica.log)
+
+    def serving_renewed() -> bool:
+        bundle = secret_data(cluster, release)
+        return bundle is not None and replica.served(bundle["ca.crt"], hostname).serial_number != first_serial
+
+    wait_for(serving_renewed, "the renewed certificate served", replica.process, replica.log, timeout=30)
 
     def promoted() -> dict[str, bytes] | None:
         now = secret_data(cluster, release)
@@ -248,4 +338,4 @@ def test_rotation_with_short_lifetimes(cluster: E2ECluster, release: Release, se
     log = replica.log()
     assert "a new CA joins the bundle" in log
     assert "the new CA is in every caBundle: it now signs the serving certificate" in log
-
+    assert replica.process.poll() is None  # never restarted

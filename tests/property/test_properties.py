@@ -28,7 +28,8 @@ import pytest
 from flask.testing import FlaskClient
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.server.app import DECISION_LOGGER, AppConfig, create_app
+from gpu_stack_webhook.server.app import AppConfig, create_app
+from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -88,7 +89,8 @@ config_names = st.sampled_from(sorted(CONFIGS))
 @pytest.fixture(autouse=True, scope="module")
 def _quiet_logs() -> Iterator[None]:
     """One decision line per review would pile up in pytest's log capture over thousands of cases."""
-    loggers = [logging.getLogger(n) for n in (DECISION_LOGGER, "gpu_stack_webhook.server.app")]
+    names = (DECISION_LOGGER, "gpu_stack_webhook.server.review_routes", "gpu_stack_webhook.admission.pipeline")
+    loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)

@@ -23,11 +23,13 @@ from conftest import (
 )
 from flask import Flask
 from flask.testing import FlaskClient
+from gpu_stack_webhook.admission import pipeline
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.server import app as app_module
-from gpu_stack_webhook.server.app import DECISION_LOGGER, AppConfig, create_app
+from gpu_stack_webhook.server.app import AppConfig, create_app
+from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
+from gpu_stack_webhook.server.metrics import Metrics
 from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
 
@@ -320,7 +322,7 @@ def test_unexpected_error_before_the_uid_is_known_is_a_json_500(
     def broken(body: Any) -> Any:
         raise RuntimeError("parser bug")
 
-    monkeypatch.setattr(app_module, "parse_review", broken)
+    monkeypatch.setattr(pipeline, "parse_review", broken)
     reply = post(client, "/validate", _valid())
     assert reply.status_code == 500
     assert reply.content_type == "application/json"
@@ -417,7 +419,7 @@ def test_one_json_log_line_per_decision_without_the_object(
 
 
 def test_the_log_line_says_why_a_request_was_skipped(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
+    with caplog.at_level(logging.DEBUG, logger=DECISION_LOGGER):
         post(client, "/validate", review(make_pod(namespace="kube-system")))
     (record,) = [r for r in caplog.records if r.name == DECISION_LOGGER]
     assert record.decision == "skipped"  # type: ignore[attr-defined]
@@ -436,7 +438,7 @@ def test_a_failing_metrics_backend_does_not_lose_the_answer(
     def broken(*args: Any) -> None:
         raise OSError("metrics directory vanished")
 
-    monkeypatch.setattr(app_module.Metrics, "record", broken)
+    monkeypatch.setattr(Metrics, "record", broken)
     reply = post(client, "/validate", review(privileged_pod(), uid="u-metrics"))
     assert reply.status_code == 200
     assert reply.get_json()["response"]["status"]["code"] == 403

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import recorded
 from gpu_stack_webhook.kube.client import (
     MUTATING,
@@ -20,11 +21,15 @@ from gpu_stack_webhook.kube.client import (
     Invalid,
     KubernetesClientApi,
     SecretObject,
+    api_client,
     ca_bundle_patch,
 )
 from gpu_stack_webhook.kube.lookups import ApiFacts
+from kube_fake import kubeconfig
 from kube_replay import Replay, replaying
 from kubernetes import client
+from kubernetes.config import kube_config
+from kubernetes.config.config_exception import ConfigException
 from tls_helpers import Pki, free_port, make_pki
 
 NS, SECRET, CONFIG = "gpu-stack", "gpu-policy-webhook-tls", "gpu-policy-webhook"
@@ -188,11 +193,24 @@ def test_an_unreachable_apiserver_is_api_unavailable(pki: Pki) -> None:
 
 
 def test_from_environment_reads_a_kubeconfig(tmp_path: Path, pki: Pki) -> None:
-    import yaml  # noqa: PLC0415
-    from kube_fake import kubeconfig  # noqa: PLC0415
-
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", pki)))
     api = KubernetesClientApi.from_environment(str(path))
     assert api.api_client.configuration.host == "https://127.0.0.1:6443"
     assert api.api_client.configuration.retries is False
+
+
+def test_serve_uses_the_pod_account_and_inspect_the_users_kubeconfig(tmp_path: Path, pki: Pki,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One client construction, two orders: `serve` never falls back to $KUBECONFIG (outside a pod and
+    without --kubeconfig it fails), `inspect` reads it first."""
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", pki)))
+    # $KUBECONFIG as the client read it when it was imported
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigException, match="Service host/port is not set"):
+        api_client(in_cluster_first=True)
+    users = api_client()
+    assert users.configuration.host == "https://127.0.0.1:6443" and users.configuration.retries is False

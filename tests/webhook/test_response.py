@@ -213,7 +213,7 @@ def _shape(value: Any) -> Any:
 def test_denial_has_the_recorded_shape() -> None:
     # our 403 has every key of the recorded 403 response with the same types (plus auditAnnotations)
     recorded_deny = recorded("responses/webhook-response-deny-403.json")
-    ours = body(Decision(allowed=False, code=403, message="m", warnings=("w",), audit={"denied-by": "GPU002"}),
+    ours = body(Decision(allowed=False, code=403, message="m", warnings=("w",), denied_by=("GPU002",)),
                 allow_patch=False)
     theirs, mine = _shape(recorded_deny), _shape(ours)
     assert {k: v for k, v in mine.items() if k != "response"} == {k: v for k, v in theirs.items() if k != "response"}
@@ -225,7 +225,7 @@ def test_denial_has_the_recorded_shape() -> None:
 def test_patch_has_the_recorded_shape(name: str) -> None:
     # our patched allow has the keys and types of the recorded patched responses (plus auditAnnotations)
     theirs = recorded(name)
-    ours = body(Decision(allowed=True, patch=OPS, warnings=("w",), audit={"mutations": "GPU006"}), allow_patch=True)
+    ours = body(Decision(allowed=True, patch=OPS, warnings=("w",), mutated=("GPU006",)), allow_patch=True)
     mine = _shape(ours)
     assert {k: v for k, v in mine["response"].items() if k != "auditAnnotations"} == _shape(theirs)["response"]
     # both patches decode as JSON lists of RFC 6902 ops

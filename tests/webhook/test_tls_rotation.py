@@ -22,7 +22,7 @@ import yaml
 from conftest import container, make_pod, review
 from cryptography import x509
 from gpu_stack_webhook.kube.client import VALIDATING
-from gpu_stack_webhook.tls.selfmanaged import CA_CRT, TLS_CRT
+from gpu_stack_webhook.tls.config import CA_CRT, TLS_CRT
 from kube_fake import FakeKube, fake_apiserver, kubeconfig, standard_fake
 from tls_helpers import STARTUP_SECONDS, Pki, cli_command, free_port, make_pki
 

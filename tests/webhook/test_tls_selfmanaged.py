@@ -1,5 +1,6 @@
-"""Self-managed TLS (selfmanaged.py) against an in-memory KubeApi: first start, racing replicas, renewal,
-CA rotation with overlap, corrupted Secrets, caBundle only where it belongs, readiness."""
+"""Self-managed TLS (tls/selfmanaged.py carrying out tls/plan.py) against an in-memory KubeApi: first start,
+racing replicas, renewal, CA rotation with overlap, corrupted Secrets, caBundle only where it belongs,
+readiness."""
 
 from __future__ import annotations
 
@@ -24,17 +25,9 @@ from gpu_stack_webhook.kube.client import (
 )
 from gpu_stack_webhook.server.cluster import bootstrap
 from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
-from gpu_stack_webhook.tls.selfmanaged import (
-    CA_CRT,
-    CA_KEY,
-    CA_NEXT_KEY,
-    TLS_CRT,
-    TLS_KEY,
-    Settings,
-    TlsManager,
-    fingerprint,
-    load_bundle,
-)
+from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, Settings
+from gpu_stack_webhook.tls.material import fingerprint, load_bundle
+from gpu_stack_webhook.tls.selfmanaged import TlsManager
 from kube_fake import FakeKube, standard_fake
 
 NS, SECRET, SVC, CONFIG = "gpu-stack", "gpu-stack-webhook-tls", "gpu-stack-webhook", "gpu-stack-webhook"

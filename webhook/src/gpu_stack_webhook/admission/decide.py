@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from gpu_stack_webhook.admission.review import AdmissionRequest, Decision
+from gpu_stack_webhook.admission.review import WEBHOOK_FAILURE, AdmissionRequest, Decision
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding
@@ -38,7 +38,7 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
         if request.operation == "UPDATE" and request.old_object is not None:
             evaluation = policy.new_findings(evaluation, request.old_object, request.kind, ns, facts)
     except NotAPodError as error:
-        return Decision(allowed=False, code=400, message=f"gpu-stack: {error}", rules=())
+        return Decision(allowed=False, code=400, message=f"gpu-stack: {error}")
     except RuleCrashed as crash:
         return _crashed(crash, endpoint)
     return _decide(evaluation, endpoint)
@@ -81,8 +81,7 @@ def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
             allowed=True,
             warnings=tuple(warning_text(f) for f in changes),
             patch=tuple(evaluation.patch),
-            rules=_rule_ids(changes),
-            audit={"mutations": ",".join(_rule_ids(changes))} if changes else {},
+            mutated=_rule_ids(changes),
         )
     if denials:
         return _deny(denials, evaluation.warnings)
@@ -90,8 +89,7 @@ def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
     return Decision(
         allowed=True,
         warnings=tuple(warning_text(f) for f in warned),
-        rules=_rule_ids(warned),
-        audit={"warnings": ",".join(_rule_ids(warned))} if warned else {},
+        warned=_rule_ids(warned),
     )
 
 
@@ -102,8 +100,8 @@ def _deny(denials: list[Finding], warnings: Iterable[Finding] = ()) -> Decision:
         code=403,
         message=denial_message(denials),
         warnings=tuple(warning_text(f) for f in warned),
-        rules=_rule_ids([*denials, *warned]),
-        audit={"denied-by": ",".join(_rule_ids(denials))},
+        denied_by=_rule_ids(denials),
+        warned=_rule_ids(warned),
     )
 
 
@@ -112,16 +110,24 @@ def _crashed(crash: RuleCrashed, endpoint: Endpoint) -> Decision:
         return Decision(
             allowed=True,
             warnings=(f"gpu-stack: internal error in rule {crash.rule.id}; the pod was not mutated",),
-            rules=(crash.rule.id,),
-            audit={"internal-error": crash.rule.id},
+            crashed=crash.rule.id,
         )
     return Decision(
         allowed=False,
         code=500,
         message=f"gpu-stack internal error in rule {crash.rule.id} (denied to fail closed): {crash}",
-        rules=(crash.rule.id,),
-        audit={"internal-error": crash.rule.id},
+        crashed=crash.rule.id,
     )
+
+
+def internal_error(endpoint: Endpoint) -> Decision:
+    """A failure outside the rules, once the uid is known: /validate denies (fail closed), /mutate allows
+    unchanged with a warning (the validating pass still judges the object)."""
+    if endpoint is Endpoint.MUTATE:
+        return Decision(allowed=True, warnings=("gpu-stack: internal error; the object was not mutated",),
+                        crashed=WEBHOOK_FAILURE)
+    return Decision(allowed=False, code=500, message="gpu-stack: internal error (denied to fail closed)",
+                    crashed=WEBHOOK_FAILURE)
 
 
 def _rule_ids(findings: Iterable[Finding]) -> tuple[str, ...]:

@@ -7,9 +7,9 @@ about the object itself is a `Decision` answered inside a proper AdmissionReview
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 
@@ -49,18 +49,63 @@ class AdmissionRequest:
         return f"{self.namespace}/{name}" if self.namespace else str(name)
 
 
+Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
+# `Decision.crashed` when the failure was outside the rules (no rule to name).
+WEBHOOK_FAILURE = "webhook"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """The verdict on one request, structured: the response, the audit annotations, the metrics and the
+    decision log are all derived from these fields (never from each other's text)."""
+
     allowed: bool
     code: int = 200
     message: str = ""
     warnings: tuple[str, ...] = ()
     patch: tuple[JsonPatchOp, ...] = ()
-    # Rule IDs that produced a finding counted in this decision (audit annotation and metrics).
-    rules: tuple[str, ...] = ()
+    # Rule IDs by role: the denials, the warnings (/validate), the changes and their notes (/mutate).
+    denied_by: tuple[str, ...] = ()
+    warned: tuple[str, ...] = ()
+    mutated: tuple[str, ...] = ()
+    # The rule that raised (or WEBHOOK_FAILURE): the answer is the fail-closed one.
+    crashed: str = ""
     # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
     skipped: str = ""
-    audit: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.crashed:
+            return "error"
+        if self.skipped:
+            return "skipped"
+        if not self.allowed:
+            return "denied"
+        return "patched" if self.patch else "allowed"
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule that reported, once, in the order crashed, denied, warned, mutated."""
+        crashed = (self.crashed,) if self.crashed and self.crashed != WEBHOOK_FAILURE else ()
+        return tuple(dict.fromkeys((*crashed, *self.denied_by, *self.warned, *self.mutated)))
+
+    def severities(self) -> Iterator[tuple[str, str]]:
+        """(rule, severity) for every rule that reported: error (it crashed), deny or warn."""
+        for rule in self.rules:
+            yield rule, ("error" if rule == self.crashed else "deny" if rule in self.denied_by else "warn")
+
+    @property
+    def audit(self) -> dict[str, str]:
+        """The auditAnnotations (keys without a prefix: the API server adds the webhook's name)."""
+        if self.crashed:
+            return {"internal-error": self.crashed}
+        if self.denied_by:
+            return {"denied-by": ",".join(self.denied_by)}
+        if self.mutated:
+            return {"mutations": ",".join(self.mutated)}
+        if self.warned:
+            return {"warnings": ",".join(self.warned)}
+        return {}
 
 
 def parse_review(body: Any) -> AdmissionRequest:
@@ -120,6 +165,7 @@ def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[s
         response["patch"] = base64.b64encode(
             orjson.dumps(list(decision.patch))
         ).decode()
-    if decision.audit:
-        response["auditAnnotations"] = dict(decision.audit)
+    audit = decision.audit
+    if audit:
+        response["auditAnnotations"] = audit
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}

@@ -6,9 +6,10 @@ cluster's GPUs (inspect_cli; the same command is the kubectl plugin `kubectl gpu
     gpu-stack-webhook inspect [-o wide|json|yaml] [--node NAME] [-l SELECTOR] [-n NAMESPACE]
 
 `check` sends every object through the same code as the HTTP endpoints (an AdmissionReview built by
-`admission_review`, answered by `app.answer_review`): the mutating pass, its JSONPatch applied, then
-the validating pass on the patched object. Exit status: 0 all allowed, 1 something denied, 2 input or
-config unreadable (takes precedence: the results are incomplete).
+`admission_review`, answered by admission/pipeline.py, the response bytes decoded as the API server
+decodes them): the mutating pass, its JSONPatch applied, then the validating pass on the patched
+object. Exit status: 0 all allowed, 1 something denied, 2 input or config unreadable (takes
+precedence: the results are incomplete).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import jsonpatch
+import orjson
 import yaml
 from gunicorn.app.base import BaseApplication
 
 from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.pipeline import Reply, answer_document
 from gpu_stack_webhook.admission.requests import admission_review
-from gpu_stack_webhook.admission.review import REASONS
 from gpu_stack_webhook.cli import inspect as inspect_cli
 from gpu_stack_webhook.policy.config import CONFIG_ENV, ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
@@ -40,8 +42,6 @@ from gpu_stack_webhook.server import cluster, gunicorn_conf
 
 if TYPE_CHECKING:
     from flask import Flask
-
-    from gpu_stack_webhook.server.app import Answer
 
 # `.app` imports prometheus_client, which chooses between in-memory and multiprocess (file) values when
 # first imported; `serve` must export PROMETHEUS_MULTIPROC_DIR before that, so `.app` is imported late.
@@ -126,6 +126,8 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     patch: list[dict[str, Any]] = field(default_factory=list)
+    # What the webhook sent back, pass by pass (mutate, then validate unless mutate denied).
+    replies: list[Reply] = field(default_factory=list, repr=False)
 
     def lines(self) -> Iterator[str]:
         yield f"{self.ref} ({self.source}): {self.outcome}" + (f" ({self.detail})" if self.detail else "")
@@ -143,46 +145,50 @@ def _ref(obj: Mapping[str, Any]) -> str:
     return f"{str(obj.get('kind')).lower()}/{name}"
 
 
-def _answer(policy: Policy, endpoint: Endpoint, body: Mapping[str, Any]) -> Answer:
-    from gpu_stack_webhook.server.app import answer_review  # noqa: PLC0415 (see the module imports)
-
-    return answer_review(policy, endpoint, body)
-
-
-def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace: str) -> CheckResult:
+def check_object(policy: Policy, obj: Mapping[str, Any], source: str, namespace: str,
+                 uid: str | None = None) -> CheckResult:
+    """Both passes as the API server runs them; `uid` (default: random) for the reviews sent."""
     result = CheckResult(source=source, ref=_ref(obj), outcome="allowed")
 
-    def denied(endpoint: Endpoint, response: Mapping[str, Any]) -> CheckResult:
-        status = response.get("status") or {}
-        reason = REASONS.get(int(status.get("code") or 403), "Forbidden")
-        result.outcome = "denied"
-        result.errors.append(
-            f'Error from server ({reason}): error when creating "{source}": admission webhook '
-            f'"{WEBHOOK_NAMES[endpoint.value]}" denied the request: {status.get("message", "")}'
-        )
-        return result
+    def send(endpoint: Endpoint, target: Any) -> dict[str, Any]:
+        review = admission_review(target, namespace=namespace, dry_run=True, uid=uid)
+        reply = answer_document(endpoint, review, policy)
+        result.replies.append(reply)
+        name = WEBHOOK_NAMES[endpoint.value]
+        if reply.status != 200:  # the API server's failurePolicy: Fail
+            result.outcome = "denied"
+            result.errors.append(f'Error from server (InternalError): error when creating "{source}": Internal '
+                                 f'error occurred: failed calling webhook "{name}": HTTP {reply.status} {reply.error}')
+            return {"allowed": False}
+        response: dict[str, Any] = orjson.loads(reply.body)["response"]
+        result.warnings.extend(response.get("warnings", []))
+        if not response["allowed"]:
+            status = response.get("status") or {}
+            result.outcome = "denied"
+            result.errors.append(
+                f'Error from server ({status.get("reason", "Forbidden")}): error when creating "{source}": '
+                f'admission webhook "{name}" denied the request: '
+                f'{status.get("message", "")}'
+            )
+        return response
 
     # as `kubectl create -n NAMESPACE`: an object that names its own namespace keeps it
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(meta, Mapping)
     namespace = str(meta.get("namespace") or namespace)
-    mutated = _answer(policy, Endpoint.MUTATE, admission_review(obj, namespace=namespace, dry_run=True))
-    response = mutated.response["response"]
-    result.warnings.extend(response.get("warnings", []))
+    response = send(Endpoint.MUTATE, obj)
     if not response["allowed"]:
-        return denied(Endpoint.MUTATE, response)
-    target: Any = mutated.request.object
+        return result
+    target: Any = obj
     if "patch" in response:
         result.patch = json.loads(base64.b64decode(response["patch"]))
-        target = jsonpatch.apply_patch(target, result.patch)
+        target = jsonpatch.apply_patch(obj, result.patch)
         result.outcome = "patched"
-    validated = _answer(policy, Endpoint.VALIDATE, admission_review(target, namespace=namespace, dry_run=True))
-    response = validated.response["response"]
-    result.warnings.extend(response.get("warnings", []))
-    if not response["allowed"]:
-        return denied(Endpoint.VALIDATE, response)
-    if mutated.decision.skipped and validated.decision.skipped:
-        result.outcome, result.detail = "skipped", validated.decision.skipped
+    if not send(Endpoint.VALIDATE, target)["allowed"]:
+        return result
+    mutated, validated = (reply.decision for reply in result.replies)
+    if mutated and validated and mutated.skipped and validated.skipped:
+        result.outcome, result.detail = "skipped", validated.skipped
     return result
 
 

@@ -9,6 +9,9 @@ read with the user's kubeconfig through the `kubernetes` client.
   is missing or forbidden the report still shows what the node labels say, with a note.
 - Every failure is an `InspectError` whose message says what to do: no kubeconfig, no answer from the
   server, credentials refused, or the verb and resource that RBAC refused.
+
+The client is built by kube/client.py's `api_client`, as for `serve`; the `kubernetes` package is imported
+where it is used, for the reason given there (CLI start-up time).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from gpu_stack_webhook.kube.client import ClientConfigError
+from gpu_stack_webhook.kube.client import api_client as new_api_client
 
 DEFAULT_CHUNK_SIZE = 500
 DEFAULT_TIMEOUT = (5.0, 60.0)  # (connect, read) seconds per request
@@ -57,29 +63,17 @@ class Query:
 
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A client for the user's kubeconfig ($KUBECONFIG, ~/.kube/config), else the in-cluster account."""
-    from kubernetes import client, config  # noqa: PLC0415 - only inspect and serve need it
-    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
-
-    configuration = client.Configuration()
     try:
-        config.load_kube_config(config_file=kubeconfig, context=context,  # type: ignore[no-untyped-call]
-                                client_configuration=configuration)
-    except (ConfigException, OSError) as kube_error:
-        if kubeconfig or context:
-            raise InspectError(f"cannot use kubeconfig: {kube_error}") from None
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except ConfigException:
-            raise InspectError(f"no cluster access: {kube_error} (set KUBECONFIG or pass --kubeconfig)") from None
-    configuration.retries = False
-    return client.ApiClient(configuration)
+        return new_api_client(kubeconfig, context)
+    except ClientConfigError as exc:
+        raise InspectError(str(exc)) from None
 
 
 class Reader:
     """Counts its requests; every call goes through `_get`."""
 
     def __init__(self, api: Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
-        from kubernetes import client  # noqa: PLC0415
+        from kubernetes import client  # noqa: PLC0415 - start-up time, see kube/client.py
 
         self.core = client.CoreV1Api(api)
         self.host = str(api.configuration.host)

@@ -4,11 +4,11 @@
 returns where the certificate is, the /readyz hook, the facts for the rules and extra gunicorn hooks:
 
 * `--tls-mode files` (default): --cert/--key are read as they are (cert-manager or a user Secret mounted
-  by the chart); a renewed pair on disk is picked up by tls_reload.py.
+  by the chart); a renewed pair on disk is picked up by server/tls_context.py.
 * `--tls-mode self-managed`: the Secret, CA, serving certificate and caBundle are ensured now (retried a
   few times, then `serve` exits), the pair is written to --cert-dir, /readyz answers from the ready-file
   the master writes, and a renewal thread runs in the gunicorn master (started in `when_ready`).
-* `--cluster-lookups`: the rules may read ConfigMaps and namespace labels (facts.py), with a short
+* `--cluster-lookups`: the rules may read ConfigMaps and namespace labels (kube/lookups.py), with a short
   request timeout and a TTL cache.
 """
 
@@ -28,7 +28,9 @@ from typing import Any
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.tls.selfmanaged import Renewer, Settings, TlsManager, file_readiness
+from gpu_stack_webhook.tls.config import Settings
+from gpu_stack_webhook.tls.files import file_readiness
+from gpu_stack_webhook.tls.selfmanaged import Renewer, TlsManager
 
 log = logging.getLogger("gpu_stack_webhook.tls")
 

@@ -74,8 +74,6 @@ class ReloadingPolicy:
         self._signature = file_signature(path)
         self._next_check = clock() + interval
         self._lock = threading.Lock()
-        self.reloads = 0
-        self.failures = 0
 
     @property
     def current(self) -> Policy:
@@ -100,20 +98,17 @@ class ReloadingPolicy:
             config = load_config(self.path)
             policy = Policy(config, **self._policy_kwargs)
         except ConfigError as exc:
-            self.failures += 1
             log.error(
                 "policy reload failed; keeping the last good policy",
                 extra={"policy": self.path, "error": str(exc), "event": "policy-reload-failed"},
             )
             return
         except Exception as exc:  # a bug must not take the serving policy down with it
-            self.failures += 1
             log.exception("policy reload failed; keeping the last good policy",
                           extra={"policy": self.path, "error": f"{type(exc).__name__}: {exc}",
                                  "event": "policy-reload-failed"})
             return
         self._current = policy
-        self.reloads += 1
         log.info("policy reloaded", extra={"policy": self.path, "event": "policy-reloaded"})
 
     def __call__(self) -> Policy:

@@ -53,7 +53,6 @@ class RequestDeadlines:
         self.timeout = timeout
         self.inflight: dict[int, tuple[float, Any]] = {}
         self.lock = threading.Lock()
-        self.cut = 0
 
     def wrap(self, handle: Any) -> Any:
         def guarded_handle(conn: Any) -> Any:
@@ -74,7 +73,6 @@ class RequestDeadlines:
             for key, _ in overdue:
                 self.inflight.pop(key, None)  # cut once; handle's finally pops nothing more
         for _, conn in overdue:
-            self.cut += 1
             with contextlib.suppress(OSError, AttributeError, ValueError):  # already closed
                 conn.sock.shutdown(socket.SHUT_RDWR)
             log.warning(

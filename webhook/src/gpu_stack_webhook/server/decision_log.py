@@ -1,0 +1,71 @@
+"""One JSON log line per review, from the structured reply (never the object itself).
+
+Denials, patches, warnings and errors are logged at INFO; allowed-unchanged and skipped reviews at
+DEBUG (`serve --log-level debug` shows them), so the default level costs nothing on the common path:
+the line is not even built when its level is off. Requests that are not a review we can answer
+(HTTP 4xx) are one WARNING line each; an unexpected exception is logged where it happened, with its
+traceback (admission/pipeline.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.pipeline import Reply
+from gpu_stack_webhook.admission.review import Decision
+
+DECISION_LOGGER = "gpu_stack_webhook.decisions"
+decision_log = logging.getLogger(DECISION_LOGGER)
+log = logging.getLogger("gpu_stack_webhook.server.review_routes")
+
+
+def level_of(decision: Decision) -> int:
+    """INFO for what someone may need to know (denied, patched, warned, failed), else DEBUG."""
+    if decision.outcome in ("allowed", "skipped") and not decision.warnings:
+        return logging.DEBUG
+    return logging.INFO
+
+
+def log_reply(endpoint: Endpoint, reply: Reply, seconds: float) -> None:
+    request, decision = reply.request, reply.decision
+    if request is None or decision is None:
+        if reply.status < 500:  # a 500 before the uid was known is logged with its traceback already
+            log.warning("rejected admission request",
+                        extra={"endpoint": endpoint.value, "status": reply.status, "error": reply.error})
+        return
+    level = level_of(decision)
+    if not decision_log.isEnabledFor(level):
+        return
+    fields: dict[str, Any] = {
+        "uid": request.uid,
+        "endpoint": endpoint.value,
+        "kind": f"{request.group}/{request.kind}" if request.group else request.kind,
+        "namespace": request.namespace,
+        "object": request.display_name,
+        "operation": request.operation,
+        "dryRun": request.dry_run,
+        "decision": decision.outcome,
+        "allowed": decision.allowed,
+        "rules": list(decision.rules),
+        "duration_ms": round(seconds * 1000, 3),
+    }
+    if request.sub_resource:
+        fields["subResource"] = request.sub_resource
+    for key, rules in (("denied_by", decision.denied_by), ("warned", decision.warned),
+                       ("mutated", decision.mutated)):
+        if rules:
+            fields[key] = list(rules)
+    if decision.crashed:
+        fields["crashed"] = decision.crashed
+    if decision.skipped:
+        fields["skipped"] = decision.skipped
+    if not decision.allowed:
+        fields["code"] = decision.code
+        fields["reason"] = decision.message
+    if decision.patch:
+        fields["patch_ops"] = len(decision.patch)
+    if reply.error:
+        fields["error"] = reply.error
+    decision_log.log(level, "admission decision", extra=fields)

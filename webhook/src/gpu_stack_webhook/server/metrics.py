@@ -1,0 +1,77 @@
+"""Prometheus metrics of the review routes, read from the structured reply (admission/pipeline.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import values as prometheus_values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.pipeline import Reply
+from gpu_stack_webhook.admission.review import AdmissionRequest
+from gpu_stack_webhook.policy.engine import JUDGED_KINDS
+from gpu_stack_webhook.server.gunicorn_conf import MULTIPROC_ENV
+
+# Sub-millisecond policy evaluation up to the apiserver's patience (timeoutSeconds is at most 30 s).
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def _multiprocess_dir() -> str | None:
+    """The aggregation directory, only when prometheus_client really writes values to files (it picks
+    its value class when first imported, so the variable must have been set before that)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    return path if path and prometheus_values.ValueClass is not prometheus_values.MutexValue else None
+
+
+def kind_label(request: AdmissionRequest | None) -> str:
+    """Bounded label values: the kinds we judge, everything else is `other`; `unknown` before parsing."""
+    if request is None:
+        return "unknown"
+    return request.kind if (request.group, request.kind) in JUDGED_KINDS else "other"
+
+
+@dataclass
+class Metrics:
+    """The app's metrics on a private registry (so several apps can live in one test process).
+    With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them."""
+
+    multiprocess_dir: str | None = field(default_factory=_multiprocess_dir)
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+
+    def __post_init__(self) -> None:
+        self.reviews = Counter(
+            "gpu_stack_admission_reviews",
+            "Admission requests answered, by endpoint, outcome and object kind.",
+            ["endpoint", "decision", "kind"],
+            registry=self.registry,
+        )
+        self.findings = Counter(
+            "gpu_stack_rule_findings",
+            "Decisions in which a rule reported, by endpoint, rule and severity (deny, warn, error).",
+            ["endpoint", "rule", "severity"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gpu_stack_admission_duration_seconds",
+            "Time to answer an admission request, from routing to the serialised response.",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+
+    def record(self, endpoint: Endpoint, reply: Reply, seconds: float) -> None:
+        self.reviews.labels(endpoint.value, reply.outcome, kind_label(reply.request)).inc()
+        self.duration.labels(endpoint.value).observe(seconds)
+        if reply.decision is not None:
+            for rule, severity in reply.decision.severities():
+                self.findings.labels(endpoint.value, rule, severity).inc()
+
+    def render(self) -> bytes:
+        if self.multiprocess_dir:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call,unused-ignore]
+            return generate_latest(registry)
+        return generate_latest(self.registry)
