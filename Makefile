@@ -48,7 +48,8 @@ demo: $(STAMP) helm
 	$(PY) hack/demo.py
 
 # In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
-# baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root), then many keep-alive
+# baseline under wrk (bench/run_bench.py, ~6 min, `--quick` ~1 min; installs wrk with apt-get when root:
+# issue 14's targets per round, py-spy flame graphs into bench/flamegraphs/), then many keep-alive
 # clients (bench/many_clients.py) and pod creates through the make-e2e API server
 # (bench/apiserver_load.py). Writes BENCHMARKS.md.
 bench: $(STAMP)
@@ -70,10 +71,10 @@ fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-17000} $(PY) -m pytest -n 2 tests/property -q
 
 # 10 minutes (SOAK_SECONDS) at half the measured capacity against `gpu-stack-webhook serve`: zero errors,
-# worker RSS growth under 5%; then 200 keep-alive clients with silent connections beside them: zero
+# worker RSS growth under 5% (start and end written to bench/soak.md, which BENCHMARKS.md includes); then 200 keep-alive clients with silent connections beside them: zero
 # errors, no answer slower than 1 s (hack/soak.py).
 soak: $(STAMP)
-	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600}
+	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600} --report bench/soak.md
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache

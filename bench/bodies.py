@@ -10,7 +10,9 @@ and the defaulted fields are what the webhook really sees:
 * `deployment`: the recorded Deployment CREATE (`deployment-create-*`): the pod template is judged.
 * `denied-pod`: the recorded pod with NVIDIA_VISIBLE_DEVICES (`pod-env-nvidia-visible-*`): /validate denies.
 
-`scaled_pod(n)` gives the 1/10/50/200-container pods of the size sweep. Bodies are compact JSON, as
+`scaled_pod(n)` gives the 1/10/50/200-container pods of the size sweep. `gpu_pod_3c(endpoint)` is the pod of
+issue 14's targets: the recorded GPU pod with 3 containers of 20 env vars each; on /mutate it carries the
+MPS annotation, so the answer has a patch. Bodies are compact JSON, as
 the apiserver sends them (the recordings are pretty-printed only for storage).
 """
 
@@ -82,6 +84,16 @@ def scaled_pod(endpoint: str, containers: int, env: int = 50, uid: str | None = 
     obj["spec"]["containers"] = [_container(base, i, env, gpu=i == 0) for i in range(containers)]
     obj["metadata"]["name"] = review["request"]["name"] = f"gpu-pod-{containers}c"
     return _with_uid(review, uid or f"bench-{endpoint}-pod-{containers}c")
+
+
+def gpu_pod_3c(endpoint: str) -> Body:
+    """Issue 14's pod: 3 containers x 20 env vars (GPU in the first); /validate allows it, /mutate patches it."""
+    assert endpoint in ENDPOINTS, endpoint
+    review = scaled_pod(endpoint, 3, env=20, uid=f"bench-{endpoint}-gpu-pod-3c")
+    mutating = endpoint == "mutate"
+    if mutating:
+        review["request"]["object"]["metadata"].setdefault("annotations", {})[MPS_ANNOTATION] = "true"
+    return Body("gpu-pod-3c", f"/{endpoint}", review, allowed=True, patched=mutating)
 
 
 def mix(endpoint: str) -> list[Body]:

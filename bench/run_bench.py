@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import bodies
+import flamegraph
 import profile_summary
+import report
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
@@ -62,15 +64,14 @@ SIZES = (1, 10, 50, 200)
 
 @dataclass(frozen=True)
 class Plan:
-    rounds: int = 3
+    rounds: int = 5
     warmup_s: int = 2
     saturation_s: int = 5
-    saturation_connections: int = 16
+    saturation_connections: int = 32
+    paced_rounds: int = 3
     paced_s: int = 8
-    paced_rates: tuple[int, ...] = (500, 1000)
+    paced_rate: int = 1000
     paced_connections: int = 32
-    sustained_rate: int = 2000
-    sustained_s: int = 10
     size_rate: int = 50
     size_s: int = 6
     rules_rate: int = 200
@@ -80,7 +81,7 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=1, warmup_s=1, saturation_s=2, paced_s=2, sustained_s=2, size_s=2, rules_s=1,
+        return cls(rounds=2, warmup_s=1, saturation_s=2, paced_rounds=1, paced_s=2, size_s=2, rules_s=1,
                    profile_s=2, inprocess_number=20)
 
 
@@ -126,6 +127,35 @@ def passive_opens() -> int:
     return int(lines[1][lines[0].index("PassiveOpens")])
 
 
+def _established_inodes(port: int) -> set[str]:
+    """Socket inodes of the ESTABLISHED TCP connections whose local port is `port` (this network namespace)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if len(cols) > 9 and cols[3] == "01" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(cols[9])
+    return inodes
+
+
+def worker_connections(pid: int, workers: list[int], port: int) -> dict[int, int]:
+    """Established client connections each worker holds: its /proc/PID/fd sockets that are ESTABLISHED
+    connections to `port` (the master's listening sockets and idle fds are not counted)."""
+    established = _established_inodes(port)
+    out: dict[int, int] = {}
+    for worker in workers:
+        count = 0
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{worker}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:[") and link[8:-1] in established:
+                        count += 1
+        out[worker] = count
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,6 +169,7 @@ class Server:
     port: int
     ca_file: Path
     log: Path
+    expected_workers: int = 1
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -157,7 +188,7 @@ class Server:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=2) as raw, \
                         context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
                     tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    if tls.recv(64).startswith(b"HTTP/1.1 200") and len(self.workers()) >= 1:
+                    if tls.recv(64).startswith(b"HTTP/1.1 200") and len(self.workers()) >= self.expected_workers:
                         return
             except OSError:
                 pass
@@ -180,6 +211,10 @@ class Server:
 
     def workers(self) -> list[int]:
         return _children(self.pid)
+
+    def connections(self) -> dict[int, int]:
+        """Established client connections per worker pid (see worker_connections)."""
+        return worker_connections(self.pid, self.workers(), self.port)
 
     def cpu_ticks(self) -> int:
         return _cpu_ticks(self.pid) + sum(_cpu_ticks(w) for w in self.workers())
@@ -227,6 +262,8 @@ class Run:
     cpu_s: float
     connections: int
     rate: int = 0
+    # Established client connections per worker, sampled in the middle of the run (/proc/PID/fd).
+    spread: dict[int, int] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -252,17 +289,27 @@ class Wrk:
         argv = [self.binary, f"-t{self.threads}", f"-c{connections}", f"-d{duration}s", "--timeout", "10s",
                 "-s", str(LUA), server.url, "--", str(manifest), str(rate), str(self.threads)]
         cpu0, opens0 = server.cpu_ticks(), passive_opens()
-        proc = subprocess.run(argv, env={**os.environ, "BENCH_RESULT": str(result)}, capture_output=True,
-                              text=True, timeout=seconds + 60, check=False)
+        proc = subprocess.Popen(argv, env={**os.environ, "BENCH_RESULT": str(result)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        spread: dict[int, int] = {}
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=duration / 2 + 0.5)
+        if proc.poll() is None:
+            spread = server.connections()
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
         cpu1, opens1 = server.cpu_ticks(), passive_opens()
         if proc.returncode != 0 or not result.is_file():
-            raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+            raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr or stdout}")
         data = json.loads(result.read_text())
         run = Run(
             target=target, requests=data["requests"], seconds=data["duration_us"] / 1e6,
             errors=sum(data["errors"].values()), latency_us=data["latency_us"], late=data["late"],
             worst_late_ms=data["worst_late_ms"], cpu_s=(cpu1 - cpu0) / TICKS, connections=opens1 - opens0,
-            rate=rate,
+            rate=rate, spread=spread,
         )
         self.runs.append(run)
         return run
@@ -310,7 +357,7 @@ def alternate(wrk: Wrk, targets: list[tuple[str, Server, Path]], rounds: int, se
                   f"  p50 {run.latency_us['p50'] / 1000:6.2f} ms"
                   f"  p99 {run.latency_us['p99'] / 1000:6.2f} ms  p99.9 {run.latency_us['p999'] / 1000:6.2f} ms"
                   f"  cpu {run.cpu_us_per_review:5.0f} µs/review  errors {run.errors}  conns {run.connections}"
-                  f"  late {run.late}", flush=True)
+                  f"  late {run.late}  per worker {sorted(run.spread.values())}", flush=True)
     return out
 
 
@@ -427,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one short round of everything (smoke test)")
     parser.add_argument("--workers", type=int, default=load_settings().workers)
     parser.add_argument("--threads", type=int, default=load_settings().threads)
-    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--no-profile", action="store_true", help="no py-spy flame graphs and profile")
+    parser.add_argument("--flamegraphs", type=Path, default=BENCH_DIR / "flamegraphs",
+                        help="where the py-spy SVGs go (linked from --out)")
     parser.add_argument("--no-rules", action="store_true", help="skip the rules sweep over HTTP (7 restarts)")
     args = parser.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
@@ -450,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         policy_file = tmp / "policy.yaml"
         policy_file.write_text("{}\n")
         manifests = {ep: bodies.write_manifest(bodies.mix(ep), tmp / "bodies", ep) for ep in bodies.ENDPOINTS}
+        pod3 = {ep: bodies.write_manifest([bodies.gpu_pod_3c(ep)], tmp / "bodies", f"gpu-pod-3c-{ep}")
+                for ep in bodies.ENDPOINTS}
         size_manifests = {
             n: bodies.write_manifest([bodies.Body(f"pod-{n}c", "/validate", bodies.scaled_pod("validate", n), True)],
                                      tmp / "bodies", f"size-{n}")
@@ -459,39 +510,37 @@ def main(argv: list[str] | None = None) -> int:
         sizing = ["--workers", str(args.workers), "--threads", str(args.threads)]
 
         def webhook(config: Path, port: int) -> Server:
+            # The default log level and policy: what `serve` does with no flags beyond the required ones.
             return Server("webhook", [str(VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(config), *tls,
                                       "--bind", f"127.0.0.1:{port}", *sizing],
-                          port, tmp / "ca.crt", tmp / "webhook.log")
+                          port, tmp / "ca.crt", tmp / "webhook.log", expected_workers=args.workers)
 
         hook = webhook(policy_file, free_port())
         base_port = free_port()
         baseline = Server("baseline", [sys.executable, str(BENCH_DIR / "baseline_app.py"), *tls,
                                        "--bind", f"127.0.0.1:{base_port}", *sizing],
-                          base_port, tmp / "ca.crt", tmp / "baseline.log")
+                          base_port, tmp / "ca.crt", tmp / "baseline.log", expected_workers=args.workers)
         wrk = Wrk(wrk_binary, tmp)
         results: dict[str, Any] = {"machine": machine(), "workers": args.workers, "threads": args.threads,
-                                   "netns": in_netns, "plan": plan.__dict__, "bench_policy": policy_bench}
+                                   "netns": in_netns, "plan": plan.__dict__, "bench_policy": policy_bench,
+                                   "loadavg_before": os.getloadavg()}
         try:
             hook.start()
             baseline.start()
             results["memory_idle"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
-            targets = [("baseline", baseline, manifests["validate"]), ("validate", hook, manifests["validate"]),
-                       ("mutate", hook, manifests["mutate"])]
+            targets = [("baseline", baseline, pod3["validate"]), ("validate", hook, pod3["validate"]),
+                       ("mutate", hook, pod3["mutate"])]
             print("warm-up", flush=True)
             for name, server, manifest in targets:
                 wrk.run(name, server, manifest, plan.warmup_s, plan.saturation_connections)
 
-            print(f"saturation (closed loop, {plan.saturation_connections} connections)", flush=True)
+            print(f"saturation (closed loop, {plan.saturation_connections} keep-alive connections, 3-container "
+                  "GPU pod x 20 env vars)", flush=True)
             results["saturation"] = alternate(wrk, targets, plan.rounds, plan.saturation_s,
                                               plan.saturation_connections)
-            results["paced"] = {}
-            for rate in plan.paced_rates:
-                print(f"fixed rate {rate}/s ({plan.paced_connections} connections)", flush=True)
-                results["paced"][rate] = alternate(wrk, targets, plan.rounds, plan.paced_s,
-                                                   plan.paced_connections, rate)
-            print(f"sustained {plan.sustained_rate}/s for {plan.sustained_s} s", flush=True)
-            results["sustained"] = alternate(wrk, targets, 1, plan.sustained_s, plan.paced_connections,
-                                             plan.sustained_rate)
+            print(f"fixed rate {plan.paced_rate}/s ({plan.paced_connections} connections, /validate)", flush=True)
+            results["paced"] = alternate(wrk, targets[:2], plan.paced_rounds, plan.paced_s, plan.paced_connections,
+                                         plan.paced_rate)
             results["memory_loaded"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
 
             print(f"pod size sweep ({plan.size_rate}/s, /validate)", flush=True)
@@ -500,12 +549,20 @@ def main(argv: list[str] | None = None) -> int:
                 results["sizes"][n] = alternate(
                     wrk, [("baseline", baseline, manifest), ("validate", hook, manifest)], 1, plan.size_s, 8,
                     plan.size_rate)
-            if not args.no_profile:
-                print(f"profile: py-spy --gil on one webhook worker, /validate mix at saturation, "
-                      f"{plan.profile_s} s", flush=True)
-                results["profile"] = profile_worker(hook, wrk, manifests["validate"], plan.profile_s,
-                                                    plan.saturation_connections, tmp)
             results["memory_after"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
+            if not args.no_profile:
+                results["flamegraphs"] = {}
+                for ep in bodies.ENDPOINTS:
+                    svg = args.flamegraphs / f"{ep}.svg"
+                    print(f"flame graph: py-spy --gil on both workers, /{ep} at saturation, {plan.profile_s} s "
+                          f"-> {svg}", flush=True)
+                    results["flamegraphs"][ep] = {
+                        "svg": svg, "skipped": flamegraph.record(hook, wrk, pod3[ep], plan.profile_s,
+                                                                 plan.saturation_connections, svg)}
+                print(f"profile: py-spy --gil on the workers, /validate at saturation, {plan.profile_s} s",
+                      flush=True)
+                results["profile"] = profile_worker(hook, wrk, pod3["validate"], plan.profile_s,
+                                                    plan.saturation_connections, tmp)
         finally:
             hook.stop()
             baseline.stop()
@@ -531,12 +588,13 @@ def main(argv: list[str] | None = None) -> int:
         results["inprocess_sizes"] = inprocess_sizes(plan.inprocess_number)
         results["inprocess_rules"] = inprocess_rules(plan.inprocess_number)
         results["elapsed_s"] = time.monotonic() - started
-
-    import report  # noqa: PLC0415
+        results["loadavg_after"] = os.getloadavg()
 
     text = report.render(results, " ".join(["make bench" if not argv and not sys.argv[1:] else
-                                             "bench/run_bench.py " + " ".join(sys.argv[1:])]))
-    args.out.write_text(text, encoding="utf-8")
+                                             "bench/run_bench.py " + " ".join(sys.argv[1:])]),
+                         args.out.resolve().parent)
+    old = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+    args.out.write_text(report.keep_sections(old, text), encoding="utf-8")
     print()
     print(text)
     if args.json:

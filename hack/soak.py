@@ -14,6 +14,10 @@
    --many-seconds, with N/4 handshaken-but-silent and N/4 never-TLS connections held open beside them
    (bench/many_clients.SilentConnections: what Go's HTTP client leaves behind).
 
+Worker RSS (VmRSS of every worker) is printed at the start of the soak (after the warm-up) and at its
+end; with --report (make soak: bench/soak.md) the figures and the verdict are written as a markdown
+section that `make bench` puts into BENCHMARKS.md.
+
 Passes (exit 0) with zero errors (socket errors and non-2xx), the same worker processes at the end
 (none died and was replaced), every worker's RSS growth under 5 %, and in the many-clients phase zero
 errors and no answer slower than 1 s. Loopback only; every wrk run is
@@ -23,11 +27,13 @@ bounded by its duration.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-seconds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rate", type=int, default=0, help="requests/s to hold (default: half the measured capacity)")
-    parser.add_argument("--many-clients", type=int, default=200)
+    parser.add_argument("--many-clients", type=int, default=200, help="0: skip the many-clients phase")
     parser.add_argument("--many-seconds", type=int, default=30)
+    parser.add_argument("--report", type=Path,
+                        help="write the figures and verdict as markdown (make soak: bench/soak.md)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wrk_binary = ensure_wrk()
@@ -92,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         port, tmp / "ca.crt", tmp / "webhook.log")
         wrk = Wrk(wrk_binary, tmp)
         server.start()
+        idle_rss = rss_kb(server)  # may miss a worker still starting; only printed
         try:
             rate = args.rate
             if not rate:
@@ -101,33 +110,86 @@ def main(argv: list[str] | None = None) -> int:
                       f"{capacity.errors} errors); soak rate {rate}/s", flush=True)
             warm = wrk.run("warm-up", server, manifest, args.warmup, args.connections, rate=rate)
             start_rss = rss_kb(server)
-            print(f"warm-up: {warm.requests} reviews in {warm.seconds:.0f}s, {warm.errors} errors; "
-                  f"worker RSS {start_rss} kB", flush=True)
+            print(f"warm-up: {warm.requests} reviews in {warm.seconds:.0f}s, {warm.errors} errors; worker RSS at the "
+                  f"start of the soak: {', '.join(f'{pid} {kb / 1024:.1f} MB' for pid, kb in start_rss.items())}",
+                  flush=True)
             began = time.monotonic()
             soak = wrk.run("soak", server, manifest, args.seconds, args.connections, rate=rate)
             end_rss = rss_kb(server)
             elapsed = time.monotonic() - began
-            silent, many = run_many_clients(wrk, server, manifest, args.many_clients, args.many_seconds)
+            many = (run_many_clients(wrk, server, manifest, args.many_clients, args.many_seconds)
+                    if args.many_clients else None)
         finally:
             server.stop()
 
-    growth = {pid: (end_rss[pid] - kb) / kb for pid, kb in start_rss.items() if pid in end_rss and kb}
-    same_workers = set(start_rss) == set(end_rss)
+    result = SoakResult(rate=rate, seconds=soak.seconds, soak=soak, warm=warm, start_rss=start_rss,
+                        end_rss=end_rss, idle_rss=idle_rss)
     print(f"soak: {soak.seconds:.0f}s ({elapsed:.0f}s wall) at {rate}/s target: {soak.requests} reviews, "
           f"{soak.rps:.0f}/s achieved, {soak.errors} errors, p50 {soak.latency_us.get('p50', 0) / 1000:.2f} ms, "
           f"p99 {soak.latency_us.get('p99', 0) / 1000:.2f} ms, {soak.late} late sends")
-    for pid in sorted(start_rss):
-        print(f"  worker {pid}: RSS {start_rss[pid]} kB -> {end_rss.get(pid, 0)} kB "
-              f"({growth.get(pid, float('nan')):+.2%})")
-    failures = many_clients_failures(args.many_clients, silent, many)
-    if soak.errors or warm.errors:
-        failures.append(f"{soak.errors + warm.errors} errors")
-    if not same_workers:
-        failures.append(f"workers changed: {sorted(start_rss)} -> {sorted(end_rss)}")
-    if any(g >= MAX_RSS_GROWTH for g in growth.values()):
-        failures.append(f"RSS growth {max(growth.values()):.2%} >= {MAX_RSS_GROWTH:.0%}")
-    print("soak: " + ("FAILED: " + "; ".join(failures) if failures else "passed"))
+    for line in result.rss_lines():
+        print("  " + line)
+    many_failures = many_clients_failures(args.many_clients, *many) if many else []
+    failures = result.failures() + many_failures
+    print("soak: " + _verdict(failures))
+    if args.report:
+        many_line = (f"Many clients ({args.many_clients} keep-alive + silent connections, {args.many_seconds} s): "
+                     f"{many[1].requests:,} reviews, {many[1].errors} errors, max "
+                     f"{many[1].latency_us.get('max', 0) / 1000:.0f} ms: {_verdict(many_failures)}") if many else ""
+        args.report.write_text(result.markdown(os.getloadavg(), many_line), encoding="utf-8")
+        print(f"soak: report written to {args.report}")
     return 1 if failures else 0
+
+
+def _verdict(failures: list[str]) -> str:
+    return "FAILED: " + "; ".join(failures) if failures else "passed"
+
+
+@dataclass
+class SoakResult:
+    rate: int
+    seconds: float
+    soak: Run
+    warm: Run
+    start_rss: dict[int, int]  # worker pid -> VmRSS kB after the warm-up
+    end_rss: dict[int, int]  # ... at the end of the soak
+    idle_rss: dict[int, int] = field(default_factory=dict)  # ... before any load
+
+    def growth(self) -> dict[int, float]:
+        return {pid: (self.end_rss[pid] - kb) / kb for pid, kb in self.start_rss.items() if pid in self.end_rss and kb}
+
+    def failures(self) -> list[str]:
+        out = []
+        if self.soak.errors or self.warm.errors:
+            out.append(f"{self.soak.errors + self.warm.errors} errors")
+        if set(self.start_rss) != set(self.end_rss):
+            out.append(f"workers changed: {sorted(self.start_rss)} -> {sorted(self.end_rss)}")
+        growth = self.growth()
+        if growth and max(growth.values()) >= MAX_RSS_GROWTH:
+            out.append(f"RSS growth {max(growth.values()):.2%} >= {MAX_RSS_GROWTH:.0%}")
+        return out
+
+    def rss_lines(self) -> list[str]:
+        growth = self.growth()
+        return [f"worker {pid}: RSS idle {self.idle_rss.get(pid, 0) / 1024:.1f} MB, start {kb / 1024:.1f} MB -> end "
+                f"{self.end_rss.get(pid, 0) / 1024:.1f} MB ({growth.get(pid, float('nan')):+.2%})"
+                for pid, kb in sorted(self.start_rss.items())]
+
+    def markdown(self, loadavg: tuple[float, float, float], many_clients: str = "") -> str:
+        """The report section; its `Verdict:` line judges the soak itself (errors, workers, RSS growth),
+        the many-clients phase (issue 18) has its own line."""
+        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        p50, p99 = (self.soak.latency_us.get(k, 0) / 1000 for k in ("p50", "p99"))
+        load = " / ".join(f"{x:.2f}" for x in loadavg)
+        return "\n".join([
+            "## Soak (make soak, hack/soak.py)", "",
+            f"{when}; {self.seconds:.0f} s at {self.rate}/s (half the measured capacity) over the /validate + "
+            f"/mutate mix: {self.soak.requests:,} reviews, {self.soak.errors} errors, p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms; load average at the end {load}. "
+            f"Worker VmRSS (limit: growth under {MAX_RSS_GROWTH:.0%} from the start of the soak to its end):", "",
+            *[f"* {line}" for line in self.rss_lines()], "",
+            *([many_clients, ""] if many_clients else []),
+            f"Verdict: {_verdict(self.failures())}", ""])
 
 
 if __name__ == "__main__":

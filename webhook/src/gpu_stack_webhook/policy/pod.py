@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import cached_property
 from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
@@ -51,14 +50,25 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-# Plain (not frozen) dataclasses: frozen __init__ is several times slower and these are built per review.
+# Plain (not frozen) slotted classes: frozen __init__ is several times slower and these are built per review.
 @dataclass(slots=True)
 class ContainerRef:
     kind: str  # container | initContainer | ephemeralContainer
     index: int
     spec: Mapping[str, Any]
-    path: str  # spec.initContainers[0]
-    pointer: str  # /spec/initContainers/0
+    field_name: str  # initContainers
+    pod_path: str  # spec
+    pod_pointer: str  # /spec
+
+    @property
+    def path(self) -> str:
+        """spec.initContainers[0]: formatted only when a finding names it."""
+        return f"{self.pod_path}.{self.field_name}[{self.index}]"
+
+    @property
+    def pointer(self) -> str:
+        """/spec/initContainers/0"""
+        return f"{self.pod_pointer}/{self.field_name}/{self.index}"
 
     @property
     def name(self) -> str:
@@ -95,9 +105,11 @@ class PodView:
     pointer: str  # "/spec" or "/spec/template/spec"
     metadata_path: str  # "metadata" or "spec.template.metadata"
     # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
-    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
     desired: DesiredPod = field(default_factory=lambda: DesiredPod({}), compare=False, repr=False)
+    # Built on the first containers() call (not a cached_property: its lock costs more than the build).
+    _containers: tuple[ContainerRef, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def is_template(self) -> bool:
@@ -128,22 +140,21 @@ class PodView:
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
-        return iter(self._containers)
+        found = self._containers
+        if found is None:
+            found = self._containers = self._collect_containers()
+        return iter(found)
 
-    @cached_property
-    def _containers(self) -> tuple[ContainerRef, ...]:
-        return tuple(
-            ContainerRef(
-                kind=kind,
-                index=index,
-                spec=container,
-                path=f"{self.path}.{field_name}[{index}]",
-                pointer=f"{self.pointer}/{field_name}/{index}",
-            )
-            for field_name, kind in CONTAINER_FIELDS
-            for index, container in enumerate(_list(self.spec.get(field_name)))
-            if isinstance(container, dict)
-        )
+    def _collect_containers(self) -> tuple[ContainerRef, ...]:
+        spec, path, pointer = self.spec, self.path, self.pointer
+        found = []
+        for field_name, kind in CONTAINER_FIELDS:
+            items = spec.get(field_name)
+            if isinstance(items, list):
+                for index, container in enumerate(items):
+                    if isinstance(container, dict):
+                        found.append(ContainerRef(kind, index, container, field_name, path, pointer))
+        return tuple(found)
 
     @property
     def annotations(self) -> Mapping[str, Any]:

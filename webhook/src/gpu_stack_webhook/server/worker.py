@@ -29,6 +29,7 @@ deadline of slowclients.py cuts that.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import selectors
 import ssl
@@ -44,6 +45,24 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
 # Seconds a new connection may take to complete its TLS handshake (a real client needs milliseconds).
 HANDSHAKE_TIMEOUT = 10.0
+# glibc mallopt(3) parameters (malloc.h) and the values set in each worker, see tune_malloc.
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial value, kept fixed
+ARENA_MAX = 2
+
+
+def tune_malloc() -> None:
+    """Let a worker give back the memory of a large review once it is answered (issue 14: worker RSS
+    after the 200-container sweep). glibc raises its mmap threshold after freeing an mmapped block, so
+    after the first large body every later one (up to 32 MiB) comes from the heap, whose free space
+    is rarely returned, one heap per thread (arenas). A fixed threshold keeps blocks of 128 KiB and
+    more (request bodies, parsed strings) in mmap, unmapped when freed; two arenas bound the per-thread
+    heaps (measured: worker VmRSS after the sweep 80 -> 65-67 MB). A no-op without glibc's mallopt."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        mallopt(M_ARENA_MAX, ARENA_MAX)
 
 
 class PollingThreadWorker(ThreadWorker):  # type: ignore[misc]
@@ -52,6 +71,10 @@ class PollingThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.handshaking: deque[TConn] = deque()
+
+    def init_process(self) -> None:
+        tune_malloc()  # before the thread pool exists: arenas are made per thread
+        super().init_process()
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:

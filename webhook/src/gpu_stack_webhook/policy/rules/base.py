@@ -44,16 +44,20 @@ class GpuAmount:
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     """Every GPU resource named in any container's requests or limits."""
-    key = f"gpu_amounts:{id(ctx.config)}"
+    key = (gpu_amounts, id(ctx.config))
     amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
     if amounts is None:
         is_gpu = ctx.sharing.is_gpu
         found = []
         for container in pod.containers():
             requests, limits = container.resources("requests"), container.resources("limits")
-            for resource in dict.fromkeys([*requests, *limits]):
+            # Requests first, then limits without a request: each resource once, in the order written.
+            for resource, request in requests.items():
                 if is_gpu(resource):
-                    found.append(GpuAmount(container, resource, requests.get(resource), limits.get(resource)))
+                    found.append(GpuAmount(container, resource, request, limits.get(resource)))
+            for resource, limit in limits.items():
+                if resource not in requests and is_gpu(resource):
+                    found.append(GpuAmount(container, resource, None, limit))
         amounts = pod.memo[key] = tuple(found)
     return iter(amounts)
 
@@ -62,7 +66,7 @@ def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
     """The device plugin configs of every node the pod could land on (memoized per pod). A pod pinned
     to a node with spec.nodeName is judged against that node's config when its label can be read
     (lookups on); otherwise, and for every other pod, against what its selectors allow."""
-    key = f"candidates:{id(ctx.sharing)}:{ctx.facts.online}"
+    key = (candidate_configs, id(ctx.sharing), ctx.facts.online)
     found: list[NodeConfig] | None = pod.memo.get(key)
     if found is None:
         node = pod.spec.get("nodeName")

@@ -18,12 +18,17 @@ from gpu_stack_webhook.policy.rules.base import Context
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def _under_device_dir(mount_path: str) -> bool:
     # The toolkit (DevicesFromMounts) cleans the destination like Go's filepath.Clean, `..` resolved,
     # then matches a plain string prefix: ".../nvidia-container-devicesall" is a request for "all".
+    # Cleaning only drops components, so a path without the directory's name cannot match: skip the
+    # normpath for the mounts every pod has.
+    if DEVICE_LIST_NAME not in mount_path:
+        return False
     return posixpath.normpath("/" + mount_path.lstrip("/")).startswith(DEVICE_LIST_DIR)
 
 

@@ -122,7 +122,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             changed=True,
         )
     existing = list(pod.tolerations)
-    missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.as_k8s(), existing)]
+    missing = [wanted for wanted in (t.as_k8s() for t in mps.tolerations) if not _tolerated(wanted, existing)]
     if missing:
         pod.desired.edit(pod.pointer)["tolerations"] = existing + missing
         keys = ", ".join(str(t.get("key", "*")) for t in missing)

@@ -1,0 +1,118 @@
+"""Issue 14's targets, judged from one `make bench` run (bench/run_bench.py) for BENCHMARKS.md.
+
+* /validate >= 0.80x and /mutate (with a patch) >= 0.70x the bare allow-all's throughput, in every
+  round (the ratio of each round uses the baseline of the same round), with both gunicorn workers
+  holding connections in every round and zero errors;
+* p99 <= 6 ms on /validate at a fixed 1,000 reviews/s, every round, next to the bare stack's p99;
+* worker VmRSS <= 60 MB after the 200-container sweep; no growth over the soak (`make soak`, which
+  writes bench/soak.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+VALIDATE_RATIO = 0.80
+MUTATE_RATIO = 0.70
+P99_MS = 6.0
+RSS_MB = 60.0
+SOAK = Path(__file__).resolve().parent / "soak.md"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def round_ratios(sat: dict[str, Any], name: str) -> list[float]:
+    """Throughput of `name` over the baseline's, round by round (same round, same noise)."""
+    return [r.rps / b.rps if b.rps else 0.0 for r, b in zip(sat[name].runs, sat["baseline"].runs, strict=True)]
+
+
+def spread_ok(run: Any) -> bool:
+    return len(run.spread) >= 2 and all(n > 0 for n in run.spread.values())
+
+
+def _spread(run: Any) -> str:
+    return "/".join(str(n) for n in sorted(run.spread.values())) or "?"
+
+
+def soak_verdict() -> tuple[str, bool | None]:
+    """The soak's own verdict line from bench/soak.md (hack/soak.py --report), if it was run."""
+    if not SOAK.is_file():
+        return "not run (`make soak` writes bench/soak.md)", None
+    for line in SOAK.read_text(encoding="utf-8").splitlines():
+        if line.startswith("Verdict:"):
+            text = line.removeprefix("Verdict:").strip()
+            return text, text.startswith("passed")
+    return "bench/soak.md has no verdict line", False
+
+
+def render(results: dict[str, Any], out_dir: Path) -> list[str]:
+    sat, paced, plan = results["saturation"], results["paced"], results["plan"]
+    rounds = len(sat["baseline"].runs)
+    out = ["## Targets (issue 14)", ""]
+    w = out.append
+    w(f"Same run, rounds alternating baseline / validate / mutate (order reversed every other round); "
+      f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
+      f"server per round; the body is the recorded GPU pod with 3 containers x 20 env vars (/mutate: with the "
+      f"MPS annotation, so the answer carries a patch); default policy, default log level (info). Connections per "
+      f"worker: established sockets in each worker's /proc/PID/fd, sampled mid-round (baseline / validate / mutate).")
+    w("")
+    w("| round | baseline reviews/s | /validate reviews/s | x baseline | /mutate reviews/s | x baseline | "
+      "connections per worker (b / v / m) | errors |")
+    w("|---:|---:|---:|---:|---:|---:|---|---:|")
+    v_ratios, m_ratios = round_ratios(sat, "validate"), round_ratios(sat, "mutate")
+    for i in range(rounds):
+        b, v, m = (sat[n].runs[i] for n in ("baseline", "validate", "mutate"))
+        w(f"| {i + 1} | {b.rps:,.0f} | {v.rps:,.0f} | {v_ratios[i]:.2f} | {m.rps:,.0f} | {m_ratios[i]:.2f} | "
+          f"{_spread(b)} / {_spread(v)} / {_spread(m)} | {b.errors + v.errors + m.errors} |")
+    w("")
+    p_base, p_val = paced["baseline"].runs, paced["validate"].runs
+    w(f"Fixed rate: {plan['paced_rate']:,} reviews/s offered on /validate (open loop: bench/mix.lua paces wrk's "
+      f"sends on a fixed schedule over {plan['paced_connections']} connections and counts sends that missed their "
+      f"slot), {plan['paced_s']} s per server per round:")
+    w("")
+    w("| round | bare p50 / p99 ms | /validate p50 / p99 ms | /validate achieved/s | late sends (bare / validate) |")
+    w("|---:|---:|---:|---:|---:|")
+    for i, (b, v) in enumerate(zip(p_base, p_val, strict=True)):
+        w(f"| {i + 1} | {b.latency_us['p50'] / 1000:.2f} / {b.latency_us['p99'] / 1000:.2f} | "
+          f"{v.latency_us['p50'] / 1000:.2f} / {v.latency_us['p99'] / 1000:.2f} | {v.rps:,.0f} | {b.late} / {v.late} |")
+    w("")
+
+    errors = sum(r.errors for s in sat.values() for r in s.runs) + sum(r.errors for s in paced.values() for r in s.runs)
+    spreads = [spread_ok(r) for s in sat.values() for r in s.runs]
+    p99s = [r.latency_us["p99"] / 1000 for r in p_val]
+    bare_p99s = [r.latency_us["p99"] / 1000 for r in p_base]
+    rss = [wk["rss_kb"] / 1024 for wk in results["memory_after"]["webhook"]["workers"]]
+    soak_text, soak_ok = soak_verdict()
+    fmt = ", ".join
+    w("| target | per round | result |")
+    w("|---|---|---|")
+    w(f"| /validate >= {VALIDATE_RATIO:.2f}x the bare allow-all, every round | {fmt(f'{x:.2f}' for x in v_ratios)} | "
+      f"{verdict(bool(v_ratios) and min(v_ratios) >= VALIDATE_RATIO)} |")
+    w(f"| /mutate (patched) >= {MUTATE_RATIO:.2f}x the bare allow-all, every round | "
+      f"{fmt(f'{x:.2f}' for x in m_ratios)} | {verdict(bool(m_ratios) and min(m_ratios) >= MUTATE_RATIO)} |")
+    w(f"| connections on both workers, every round | {sum(spreads)} of {len(spreads)} runs | {verdict(all(spreads))} |")
+    w(f"| zero errors (saturation and fixed rate) | {errors} | {verdict(errors == 0)} |")
+    w(f"| /validate p99 <= {P99_MS:.0f} ms at {plan['paced_rate']:,}/s, every round (bare p99 beside) | "
+      f"{fmt(f'{x:.2f}' for x in p99s)} ms (bare {fmt(f'{x:.2f}' for x in bare_p99s)} ms) | "
+      f"{verdict(bool(p99s) and max(p99s) <= P99_MS)} |")
+    w(f"| worker VmRSS <= {RSS_MB:.0f} MB after the 200-container sweep | {fmt(f'{x:.1f}' for x in rss)} MB | "
+      f"{verdict(bool(rss) and max(rss) <= RSS_MB)} |")
+    w(f"| no worker RSS growth over the 10-minute soak | {soak_text} | "
+      f"{'not measured' if soak_ok is None else verdict(soak_ok)} |")
+    w("")
+    graphs = results.get("flamegraphs") or {}
+    if graphs:
+        links = []
+        for ep, g in graphs.items():
+            if g.get("skipped"):
+                links.append(f"/{ep}: skipped ({g['skipped']})")
+            else:
+                links.append(f"[/{ep}]({os.path.relpath(g['svg'], out_dir)})")
+        w(f"Flame graphs under load (py-spy `record --gil --subprocesses` on the gunicorn master, both workers, "
+          f"{plan['profile_s']} s at saturation, this run): " + ", ".join(links) + ".")
+        w("")
+    return out

@@ -1,0 +1,126 @@
+"""The issue 14 protocol of `make bench` (no timing here): issue 14's pod is what the targets name, the
+per-worker connection count reads /proc right, every round is judged on its own, the soak's verdict."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "hack"))
+
+import bodies  # noqa: E402
+import report  # noqa: E402
+import run_bench  # noqa: E402
+import soak  # noqa: E402
+import targets  # noqa: E402
+from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
+
+
+def test_issue_14_pod_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:
+    client = create_app(AppConfig(policy=PolicyConfig())).test_client()
+    for endpoint in bodies.ENDPOINTS:
+        body = bodies.gpu_pod_3c(endpoint)
+        containers = body.review["request"]["object"]["spec"]["containers"]
+        assert [len(c["env"]) for c in containers] == [20, 20, 20]
+        assert containers[0]["resources"]["limits"] == {bodies.GPU: "1"}
+        response = client.post(body.path, data=body.data, content_type="application/json").get_json()["response"]
+        assert response["uid"] == body.uid
+        assert response["allowed"] is True
+        assert ("patch" in response) is (endpoint == "mutate")
+        if endpoint == "mutate":
+            ops = json.loads(base64.b64decode(response["patch"]))
+            assert {"op": "add", "path": "/spec/hostIPC", "value": True} in ops
+
+
+def test_worker_connections_counts_the_established_sockets_each_process_holds() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        accepted = [listener.accept()[0] for _ in clients]
+        try:
+            # This process holds the 3 accepted ends (local port = `port`); the listening socket and the
+            # client ends (local port: ephemeral) do not count.
+            assert run_bench.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 3}
+            accepted.pop().close()
+            assert run_bench.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 2}
+        finally:
+            for s in clients + accepted:
+                s.close()
+
+
+def _run(rps: float, spread: dict[int, int], errors: int = 0, p99_ms: float = 1.0) -> run_bench.Run:
+    return run_bench.Run(target="t", requests=int(rps * 5), seconds=5.0, errors=errors,
+                         latency_us={"p50": 500.0, "p99": p99_ms * 1000, "p999": 9000.0}, late=0, worst_late_ms=0.0,
+                         cpu_s=1.0, connections=0, spread=spread)
+
+
+def _results(validate: list[float], mutate: list[float], spread: dict[int, int], p99_ms: float,
+             rss_mb: float) -> dict[str, object]:
+    rounds = len(validate)
+    sat = {"baseline": run_bench.Summary("baseline", [_run(1000, spread) for _ in range(rounds)]),
+           "validate": run_bench.Summary("validate", [_run(1000 * x, spread) for x in validate]),
+           "mutate": run_bench.Summary("mutate", [_run(1000 * x, spread) for x in mutate])}
+    paced = {"baseline": run_bench.Summary("baseline", [_run(900, spread, p99_ms=1.0)]),
+             "validate": run_bench.Summary("validate", [_run(900, spread, p99_ms=p99_ms)])}
+    return {"saturation": sat, "paced": paced, "plan": run_bench.Plan().__dict__,
+            "memory_after": {"webhook": {"workers": [{"rss_kb": rss_mb * 1024}, {"rss_kb": 40 * 1024}]}}}
+
+
+def _verdicts(lines: list[str]) -> dict[str, str]:
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and line.count("|") == 4]
+    return {row[0].lstrip("| "): row[2].rstrip(" |") for row in rows}
+
+
+def test_one_round_below_the_ratio_misses_the_target_even_when_the_median_meets_it(tmp_path: Path) -> None:
+    lines = targets.render(_results([0.9, 0.79, 0.95], [0.8, 0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0), tmp_path)
+    verdicts = _verdicts(lines)
+    assert verdicts["/validate >= 0.80x the bare allow-all, every round"] == "**missed**"
+    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round"] == "met"
+    assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "met"
+    assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "met"
+    assert "| 2 | 1,000 | 790 | 0.79 | 800 | 0.80 | 16/16 / 16/16 / 16/16 | 0 |" in lines
+
+
+def test_a_round_with_an_idle_worker_or_an_error_and_a_slow_p99_miss(tmp_path: Path) -> None:
+    results = _results([0.9], [0.8], {1: 32, 2: 0}, 6.5, 61.0)
+    results["saturation"]["mutate"].runs[0].errors = 3  # type: ignore[index]
+    verdicts = _verdicts(targets.render(results, tmp_path))
+    assert verdicts["connections on both workers, every round"] == "**missed**"
+    assert verdicts["zero errors (saturation and fixed rate)"] == "**missed**"
+    assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "**missed**"
+    assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "**missed**"
+
+
+def test_the_soak_fails_on_rss_growth_errors_or_a_replaced_worker() -> None:
+    def result(end: dict[int, int], errors: int = 0) -> soak.SoakResult:
+        return soak.SoakResult(rate=500, seconds=600, soak=_run(500, {}, errors=errors), warm=_run(500, {}),
+                               start_rss={1: 50_000, 2: 50_000}, end_rss=end)
+
+    assert result({1: 51_000, 2: 50_000}).failures() == []
+    assert result({1: 53_000, 2: 50_000}).failures() == ["RSS growth 6.00% >= 5%"]
+    assert result({1: 50_000, 2: 50_000}, errors=2).failures() == ["2 errors"]
+    assert result({1: 50_000, 3: 50_000}).failures() == ["workers changed: [1, 2] -> [1, 3]"]
+    report = result({1: 51_000, 2: 50_000}).markdown((1.0, 1.0, 1.0), "Many clients (200 ...): FAILED: slow")
+    assert "* worker 1: RSS idle 0.0 MB, start 48.8 MB -> end 49.8 MB (+2.00%)" in report
+    # The verdict is the soak's own; the many-clients phase (issue 18) reports on its own line.
+    assert "Verdict: passed" in report.splitlines()
+    assert "Verdict: FAILED: RSS growth 6.00% >= 5%" in result({1: 53_000, 2: 50_000}).markdown((1.0, 1.0, 1.0))
+
+
+def test_a_bench_run_alone_keeps_the_sections_the_other_bench_scripts_wrote() -> None:
+    old = ("# Benchmarks\nold figures\n\n<!-- many-clients:begin (bench/many_clients.py) -->\n## Many\nrows\n"
+           "<!-- many-clients:end -->\n\n<!-- inspect-scale:begin (x) -->\nold inspect\n<!-- inspect-scale:end -->\n")
+    new = "# Benchmarks\nnew figures\n\n<!-- inspect-scale:begin (x) -->\nnew inspect\n<!-- inspect-scale:end -->\n"
+    out = report.keep_sections(old, new)
+    assert out.startswith(new.rstrip("\n"))
+    assert "## Many\nrows\n<!-- many-clients:end -->" in out
+    assert "old inspect" not in out and "old figures" not in out
