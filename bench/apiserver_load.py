@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`, pod creation through a real API server (issue 18): our webhooks vs a bare allow-all.
 
-    .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 5] [--creates 1500] [--quick]
+    .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 3] [--creates 1500] [--quick]
 
 The `make e2e` control plane (hack/controlplane.py: etcd + kube-apiserver + kube-controller-manager
 v1.36) with the chart installed (default values). A ServiceAccount token POSTs two-container GPU pods
@@ -55,7 +55,7 @@ QUIET_CORES = 0.15  # the control plane and the servers together, averaged over 
 QUIET_WINDOW = 0.5
 SETTLE_LIMIT = 20.0
 TICKS = os.sysconf("SC_CLK_TCK")
-WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds_count{"
+WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 HOOKS = ("mutate.gpu-stack.io", "validate.gpu-stack.io")
 EXPECT = {BARE: "admitted", BARE_ANSWERS: "warned", OURS: "denied"}  # how each answers point_at's probe
 
@@ -120,7 +120,8 @@ class Snapshot:
 
     def __init__(self, cluster: e2elib.E2ECluster, etcd: str) -> None:
         text = cluster.kubectl("get", "--raw", "/metrics").stdout
-        self.calls = {h: metric_sum(text, WEBHOOK_METRIC, f'name="{h}"') for h in HOOKS}
+        self.calls = {h: metric_sum(text, f"{WEBHOOK_METRIC}_count{{", f'name="{h}"') for h in HOOKS}
+        self.seconds = {h: metric_sum(text, f"{WEBHOOK_METRIC}_sum{{", f'name="{h}"') for h in HOOKS}
         self.gc = metric_sum(text, "go_gc_duration_seconds_count")
         etcd_text = ""
         if etcd:
@@ -229,7 +230,9 @@ async def one_batch(bench: Bench, run: Run, namespace: str, hook: e2elib.LiveWeb
     per_pod = 1000 / max(1, result.created)
     run.apiserver_cpu_ms, run.etcd_cpu_ms, run.webhook_cpu_ms = (spent[k] * per_pod for k in ("api", "etcd", "hook"))
     judged = max(1, warm.created + result.created)  # the snapshots span the warm-up batch too
-    run.calls = {h: (after.calls[h] - before.calls[h]) / judged for h in HOOKS} if hook_pids else {}
+    calls = {h: after.calls[h] - before.calls[h] for h in HOOKS}
+    run.calls = {h: calls[h] / judged for h in HOOKS} if hook_pids else {}
+    run.call_ms = {h: 1000 * (after.seconds[h] - before.seconds[h]) / calls[h] for h in HOOKS if calls[h]}
     run.closed_per_100 = 100 * closed / max(1, result.created)
     run.gc_cycles = round(after.gc - before.gc)
     run.compactions = round(after.compactions - before.compactions)
@@ -292,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--creates", type=int, default=1500)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="3 keeps `make bench` under 6 min on an idle machine")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[50, 100])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS, metavar="TARGET",
                         help=f"among {', '.join(map(repr, TARGETS))} (default: all)")
