@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[50, 100])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS, metavar="TARGET",
                         help=f"among {', '.join(map(repr, TARGETS))} (default: all)")
+    parser.add_argument("--save-runs", type=Path, help="also write every run's raw figures here (JSON)")
     parser.add_argument("--quick", action="store_true", help="one round of 200 creates (smoke test)")
     args = parser.parse_args(argv)
     creates, rounds = (200, 1) if args.quick else (args.creates, args.rounds)
@@ -306,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-stack-apiload-") as tmp_name, \
             e2elib.controlplane.connect(prepare=True) as plane:
         runs, answer = measure(plane, Path(tmp_name), creates, rounds, args.concurrency, tuple(args.targets))
+    if args.save_runs:
+        rounds_.save(runs, args.save_runs)
     given = argv if argv is not None else sys.argv[1:]
     command = "make bench" if not given else "bench/apiserver_load.py " + " ".join(given)
     patch = base64.b64decode(answer["patch"]).decode() if "patch" in answer else "none"

@@ -4,10 +4,12 @@ worst, and the Markdown section written into BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 BEGIN = "<!-- apiserver-load:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-load:end -->"
@@ -83,14 +85,36 @@ class Run:
         return max(self.latencies_ms, default=0.0)
 
 
+def save(runs: Sequence[Run], path: Path) -> None:
+    # Not dataclasses.asdict: it rebuilds a Counter from (key, count) pairs, counting the pairs.
+    raws = [{**vars(r), "failures": dict(r.failures)} for r in runs]
+    path.write_text(json.dumps(raws, indent=1) + "\n", encoding="utf-8")
+
+
+def load(path: Path) -> list[Run]:
+    raws = json.loads(path.read_text(encoding="utf-8"))
+    return [Run(**{**raw, "failures": Counter(raw["failures"])}) for raw in raws]
+
+
 def find(runs: Sequence[Run], target: str, concurrency: int) -> list[Run]:
     return sorted((r for r in runs if r.target == target and r.concurrency == concurrency), key=lambda r: r.round)
 
 
-def round_ratios(runs: Sequence[Run], numerator: str, denominator: str, concurrency: int) -> list[float]:
-    """avg(numerator) / avg(denominator) in each round that measured both."""
-    below = {r.round: r.avg_ms for r in find(runs, denominator, concurrency)}
-    return [r.avg_ms / below[r.round] for r in find(runs, numerator, concurrency) if below.get(r.round)]
+def average_latency(run: Run) -> float:
+    return run.avg_ms
+
+
+def cpu_per_pod(run: Run) -> float:
+    """CPU of the API server, etcd and the webhook server per created pod: less sensitive than latency
+    to what else runs on the machine."""
+    return run.apiserver_cpu_ms + run.etcd_cpu_ms + run.webhook_cpu_ms
+
+
+def round_ratios(runs: Sequence[Run], numerator: str, denominator: str, concurrency: int,
+                 metric: Callable[[Run], float] = average_latency) -> list[float]:
+    """metric(numerator) / metric(denominator) in each round that measured both (default: average latency)."""
+    below = {r.round: metric(r) for r in find(runs, denominator, concurrency)}
+    return [metric(r) / below[r.round] for r in find(runs, numerator, concurrency) if below.get(r.round)]
 
 
 @dataclass(frozen=True)
@@ -110,8 +134,9 @@ class RatioSummary:
         return min(self.ratios, default=0.0)
 
 
-def summarize(runs: Sequence[Run], numerator: str, denominator: str, concurrency: int) -> RatioSummary:
-    return RatioSummary(tuple(round_ratios(runs, numerator, denominator, concurrency)))
+def summarize(runs: Sequence[Run], numerator: str, denominator: str, concurrency: int,
+              metric: Callable[[Run], float] = average_latency) -> RatioSummary:
+    return RatioSummary(tuple(round_ratios(runs, numerator, denominator, concurrency, metric)))
 
 
 def verdict(runs: Sequence[Run], concurrencies: Sequence[int]) -> tuple[bool, list[str]]:
@@ -187,17 +212,20 @@ def render(runs: Sequence[Run], *, command: str, creates: int, rounds: int, conc
                 f"{_ms(max(r.max_ms for r in rs))} | {_med([r.apiserver_cpu_ms for r in rs]):.2f} | "
                 f"{_med([r.webhook_cpu_ms for r in rs]):.2f} | {call_text} |")
     out += ["", "Medians over the rounds (p99: median, worst in brackets; max: worst). CPU from /proc during the "
-            "measured batch only, per created pod.", "",
-            "| in flight | ratio of average latency | per round | median | worst |",
-            "| ---: | --- | --- | ---: | ---: |"]
+            "measured batch only, per created pod. Ratios pair the two runs of the same round; `CPU per pod` is "
+            "API server + etcd + webhook server, less sensitive than latency to other work on the machine.", "",
+            "| in flight | ratio | of | per round | median | worst |",
+            "| ---: | --- | --- | --- | ---: | ---: |"]
     for c in concurrencies:
         for num, den, what in COMPARISONS:
             if num not in targets or den not in targets:
                 continue
-            s = summarize(runs, num, den, c)
-            if s.ratios:
-                per_round = ", ".join(f"{x:.2f}" for x in s.ratios)
-                out.append(f"| {c} | {num} / {den} ({what}) | {per_round} | {s.median:.2f}x | {s.worst:.2f}x |")
+            for label, metric in (("average latency", average_latency), ("CPU per pod", cpu_per_pod)):
+                s = summarize(runs, num, den, c, metric)
+                if s.ratios and (metric is average_latency or NONE not in (num, den)):
+                    per_round = ", ".join(f"{x:.2f}" for x in s.ratios)
+                    out.append(f"| {c} | {num} / {den} ({what}) | {label} | {per_round} | {s.median:.2f}x | "
+                               f"{s.worst:.2f}x |")
     met, why = verdict(runs, concurrencies)
     out += ["", f"Target (issue 18): every create succeeds at {' and '.join(map(str, concurrencies))} in flight, "
             f"p99 < {TARGET_P99_MS:.0f} ms in every run, and the median over the rounds of avg(ours) / "

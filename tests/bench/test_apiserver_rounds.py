@@ -83,6 +83,9 @@ def test_verdict_needs_every_create_a_fast_p99_and_the_median_ratio() -> None:
     slow = [*good[:-1], run(3, ar.OURS, 240.0, 100, p99=1200.0)]
     met, why = ar.verdict(slow, [50, 100])
     assert not met and why == ["100 in flight: p99 >= 1000 ms in 1 of 3 runs"]
+    machine = [*slow, run(1, ar.NONE, 240.0, 100, p99=1100.0), run(2, ar.NONE, 240.0, 100, p99=900.0)]
+    assert ar.verdict(machine, [100])[1] == ["100 in flight: p99 >= 1000 ms in 1 of 3 runs "
+                                             "(with no webhook at all: 1 of 2)"]
 
     failing = [*good[:-1], run(3, ar.OURS, 240.0, 100, created=9, total=10)]
     assert ar.verdict(failing, [50, 100]) == (False, ["100 in flight: 1 creates failed"])
@@ -132,3 +135,21 @@ def test_the_answering_baseline_adds_the_given_fields_to_mutate_only() -> None:
         baseline_app.MUTATE_ANSWER.clear()
     assert replies["/mutate"] == {"uid": "u-1", "allowed": True, **answer}
     assert replies["/validate"] == {"uid": "u-1", "allowed": True}
+
+
+def test_cpu_ratios_and_saved_runs(tmp_path: Path) -> None:
+    runs = []
+    for i, (ours_cpu, bare_cpu) in enumerate(((6.0, 5.0), (5.5, 5.0), (7.5, 5.0)), 1):
+        for target, cpu in ((ar.OURS, ours_cpu), (ar.BARE, bare_cpu)):
+            r = run(i, target, 100.0)
+            r.apiserver_cpu_ms, r.etcd_cpu_ms, r.webhook_cpu_ms = cpu - 1.5, 0.5, 1.0
+            r.failures = Counter({"HTTP 500: x": 1})
+            runs.append(r)
+    s = ar.summarize(runs, ar.OURS, ar.BARE, 50, ar.cpu_per_pod)
+    assert s.ratios == pytest.approx((1.2, 1.1, 1.5))
+    assert (s.median, s.worst) == pytest.approx((1.2, 1.5))
+    ar.save(runs, tmp_path / "runs.json")
+    assert ar.load(tmp_path / "runs.json") == runs
+    text = ar.render(runs, command="c", creates=10, rounds=3, concurrencies=[50], targets=[ar.BARE, ar.OURS])
+    assert f"| 50 | {ar.OURS} / {ar.BARE} (" in text
+    assert "| CPU per pod | 1.20, 1.10, 1.50 | 1.20x | 1.50x |" in text
