@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BEGIN = "<!-- apiserver-load:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-load:end -->"
@@ -85,15 +86,17 @@ class Run:
         return max(self.latencies_ms, default=0.0)
 
 
-def save(runs: Sequence[Run], path: Path) -> None:
+def save(runs: Sequence[Run], path: Path, meta: Mapping[str, Any]) -> None:
+    """The raw figures of every run and how they were made (`meta`: command, creates, ...), as JSON."""
     # Not dataclasses.asdict: it rebuilds a Counter from (key, count) pairs, counting the pairs.
     raws = [{**vars(r), "failures": dict(r.failures)} for r in runs]
-    path.write_text(json.dumps(raws, indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({**meta, "runs": raws}, indent=1) + "\n", encoding="utf-8")
 
 
-def load(path: Path) -> list[Run]:
-    raws = json.loads(path.read_text(encoding="utf-8"))
-    return [Run(**{**raw, "failures": Counter(raw["failures"])}) for raw in raws]
+def load(path: Path) -> tuple[list[Run], dict[str, Any]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    raws = data.pop("runs")
+    return [Run(**{**raw, "failures": Counter(raw["failures"])}) for raw in raws], data
 
 
 def find(runs: Sequence[Run], target: str, concurrency: int) -> list[Run]:

@@ -148,8 +148,8 @@ def test_cpu_ratios_and_saved_runs(tmp_path: Path) -> None:
     s = ar.summarize(runs, ar.OURS, ar.BARE, 50, ar.cpu_per_pod)
     assert s.ratios == pytest.approx((1.2, 1.1, 1.5))
     assert (s.median, s.worst) == pytest.approx((1.2, 1.5))
-    ar.save(runs, tmp_path / "runs.json")
-    assert ar.load(tmp_path / "runs.json") == runs
+    ar.save(runs, tmp_path / "runs.json", {"command": "c", "creates": 10})
+    assert ar.load(tmp_path / "runs.json") == (runs, {"command": "c", "creates": 10})
     text = ar.render(runs, command="c", creates=10, rounds=3, concurrencies=[50], targets=[ar.BARE, ar.OURS])
     assert f"| 50 | {ar.OURS} / {ar.BARE} (" in text
     assert "| CPU per pod | 1.20, 1.10, 1.50 | 1.20x | 1.50x |" in text
