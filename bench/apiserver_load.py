@@ -78,17 +78,25 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
-def closed_connections(port: int) -> int:
-    """TCP connections to or from `port` in TIME-WAIT (closed within the last 60 s), from /proc/net."""
+def closed_connections(port: int) -> set[tuple[int, int]]:
+    """(local, remote) ports of the TCP connections to or from `port` now in TIME-WAIT (closed within the
+    last 60 s), from /proc/net. A set, so connections closed before a batch are not counted in it."""
     hexport = f":{port:04X}"
-    count = 0
+    found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for line in f.readlines()[1:]:
                 local, remote, state = line.split()[1:4]
                 if state == "06" and (local.endswith(hexport) or remote.endswith(hexport)):
-                    count += 1
-    return count
+                    found.add((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
+    return found
+
+
+async def watch_closed(port: int, seen: set[tuple[int, int]]) -> None:
+    """Collect closed connections every 2 s until cancelled (TIME-WAIT lasts 60 s, a batch may last longer)."""
+    while True:
+        seen |= closed_connections(port)
+        await asyncio.sleep(2)
 
 
 def plane_pids(plane: Any) -> dict[str, int]:
@@ -217,12 +225,17 @@ async def one_batch(bench: Bench, run: Run, namespace: str, hook: e2elib.LiveWeb
         warm = await apiload.create_batch(client, bench.url, token, namespace, run.concurrency, run.concurrency)
         cpu = {"api": cpu_seconds([bench.pids["kube-apiserver"]]), "etcd": cpu_seconds([bench.pids["etcd"]]),
                "hook": cpu_seconds(hook_pids) if hook_pids else 0.0}
-        closed = closed_connections(hook.port) if hook is not None else 0
+        before_batch = closed_connections(hook.port) if hook is not None else set()
+        closed: set[tuple[int, int]] = set()
+        watcher = asyncio.create_task(watch_closed(hook.port, closed)) if hook is not None else None
         result = await apiload.create_batch(client, bench.url, token, namespace, run.total, run.concurrency)
         spent = {"api": cpu_seconds([bench.pids["kube-apiserver"]]) - cpu["api"],
                  "etcd": cpu_seconds([bench.pids["etcd"]]) - cpu["etcd"],
                  "hook": (cpu_seconds(hook_pids) - cpu["hook"]) if hook_pids else 0.0}
-        closed = closed_connections(hook.port) - closed if hook is not None else 0
+        if watcher is not None and hook is not None:
+            watcher.cancel()
+            closed |= closed_connections(hook.port)
+        closed -= before_batch
     after = Snapshot(bench.cluster, bench.etcd)
     run.latencies_ms = [1000 * t for t in result.latencies]
     run.failures = result.failures
@@ -233,7 +246,7 @@ async def one_batch(bench: Bench, run: Run, namespace: str, hook: e2elib.LiveWeb
     calls = {h: after.calls[h] - before.calls[h] for h in HOOKS}
     run.calls = {h: calls[h] / judged for h in HOOKS} if hook_pids else {}
     run.call_ms = {h: 1000 * (after.seconds[h] - before.seconds[h]) / calls[h] for h in HOOKS if calls[h]}
-    run.closed_per_100 = 100 * closed / max(1, result.created)
+    run.closed_per_100 = 100 * len(closed) / max(1, result.created)
     run.gc_cycles = round(after.gc - before.gc)
     run.compactions = round(after.compactions - before.compactions)
 
