@@ -185,7 +185,7 @@ def render(runs: Sequence[Run], *, command: str, creates: int, rounds: int, conc
            f"POSTed with `generateName` after a warm-up batch (one per client, not counted); {rounds} rounds, "
            "every target in every round, the order rotated by one each round. Before every batch the "
            "namespace's pods are deleted and the bench waits until etcd, the API server and the controller "
-           "manager are quiet, so every batch starts from the same state. Both webhook servers run for the "
+           "manager are quiet, so every batch starts from the same state. The webhook servers run for the "
            "whole bench (2 workers x 4 threads, TLS 1.3, HTTP/1.1: neither offers h2). "
            f"Load average of the machine at the start of the runs: {min(loads, default=0):.1f}-"
            f"{max(loads, default=0):.1f}.", ""]
