@@ -47,7 +47,7 @@ demo: $(STAMP) helm
 # In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
 # baseline under wrk (bench/run_bench.py; installs wrk with apt-get when root), then many keep-alive
 # clients (bench/many_clients.py) and pod creates through the make-e2e API server
-# (bench/apiserver_load.py). Writes BENCHMARKS.md.
+# (bench/apiserver_load.py, 3 rounds; --rounds 5 for a sign-off run). Writes BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md
