@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--creates", type=int, default=1500)
-    parser.add_argument("--rounds", type=int, default=3, help="3 keeps `make bench` under 6 min on an idle machine")
+    parser.add_argument("--rounds", type=int, default=3, help="3 in `make bench`; 5 for a sign-off run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[50, 100])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS, metavar="TARGET",
                         help=f"among {', '.join(map(repr, TARGETS))} (default: all)")
