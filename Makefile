@@ -51,7 +51,7 @@ demo: $(STAMP) helm
 # baseline under wrk (bench/run_bench.py, ~6 min, `--quick` ~1 min; installs wrk with apt-get when root:
 # issue 14's targets per round, py-spy flame graphs into bench/flamegraphs/), then many keep-alive
 # clients (bench/many_clients.py) and pod creates through the make-e2e API server
-# (bench/apiserver_load.py). Writes BENCHMARKS.md.
+# (bench/apiserver_load.py, 3 rounds; --rounds 5 for a sign-off run). Writes BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md

@@ -6,6 +6,11 @@ workers and threads, TLS hook, keep-alive, limits, JSON logging, preload, Promet
 only difference from the webhook is the policy work (and the Flask layer around it).
 
     python bench/baseline_app.py --cert tls.crt --key tls.key --bind 127.0.0.1:9443 [--workers N --threads N]
+        [--mutate-answer '{"patchType": "JSONPatch", "patch": "...", "warnings": [...]}']
+
+--mutate-answer: fields added to every /mutate response (the same answer for every request), so the
+API server's own cost of applying a mutation can be measured apart from the webhook's
+(bench/apiserver_load.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from gunicorn.app.base import BaseApplication
 
 API_VERSION = "admission.k8s.io/v1"
 HEALTHY = b'{"status":"ok"}'
+MUTATE_ANSWER: dict[str, Any] = {}
 
 
 def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -31,8 +37,10 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = orjson.loads(environ["wsgi.input"].read(length))
         uid = body["request"]["uid"]
+        extra = MUTATE_ANSWER if environ.get("PATH_INFO") == "/mutate" else {}
         out = orjson.dumps(
-            {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}}
+            {"apiVersion": API_VERSION, "kind": "AdmissionReview",
+             "response": {"uid": uid, "allowed": True, **extra}}
         )
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
     return [out]
@@ -48,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stock-gthread", action="store_true",
                         help="gunicorn's own gthread worker and one shared listening socket (what served "
                              "before issue 18), for before/after comparisons")
+    parser.add_argument("--mutate-answer", type=orjson.loads, default={},
+                        help="JSON object of fields added to every /mutate response (patch, warnings, ...)")
     args = parser.parse_args(argv)
+    MUTATE_ANSWER.update(args.mutate_answer)
     options = gunicorn_conf.ServeOptions.from_settings(
         load_settings(), bind=args.bind, certfile=args.cert, keyfile=args.key, workers=args.workers,
         threads=args.threads,

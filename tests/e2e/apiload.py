@@ -108,37 +108,48 @@ class LoadResult:
                 + (f"; failures: {fails}" if fails else ""))
 
 
-async def _create_pods(url: str, context: ssl.SSLContext, token: str, namespace: str, total: int,
-                       concurrency: int, timeout: float) -> LoadResult:
+async def create_batch(session: aiohttp.ClientSession, url: str, token: str, namespace: str, total: int,
+                       concurrency: int) -> LoadResult:
+    """`total` pod creates with `concurrency` in flight on an open session (its keep-alive connections
+    to the API server are reused from one batch to the next)."""
     body = json.dumps(pod_body()).encode()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"}
     target = f"{url}/api/v1/namespaces/{namespace}/pods"
     result = LoadResult(total, concurrency, 0.0)
     todo = iter(range(total))
-    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency, keepalive_timeout=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
 
-        async def worker() -> None:
-            for _ in todo:
-                started = time.perf_counter()
-                try:
-                    async with session.post(target, data=body, headers=headers) as reply:
-                        text = await reply.read()
-                        if reply.status == 201:
-                            result.latencies.append(time.perf_counter() - started)
-                        else:
-                            try:
-                                message = json.loads(text).get("message", "")
-                            except ValueError:
-                                message = text[:200].decode(errors="replace")
-                            result.failures[f"HTTP {reply.status}: {message[:160]}"] += 1
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    result.failures[f"{type(exc).__name__}: {str(exc)[:160]}"] += 1
+    async def worker() -> None:
+        for _ in todo:
+            started = time.perf_counter()
+            try:
+                async with session.post(target, data=body, headers=headers) as reply:
+                    text = await reply.read()
+                    if reply.status == 201:
+                        result.latencies.append(time.perf_counter() - started)
+                    else:
+                        try:
+                            message = json.loads(text).get("message", "")
+                        except ValueError:
+                            message = text[:200].decode(errors="replace")
+                        result.failures[f"HTTP {reply.status}: {message[:160]}"] += 1
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                result.failures[f"{type(exc).__name__}: {str(exc)[:160]}"] += 1
 
-        began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        result.seconds = time.perf_counter() - began
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    result.seconds = time.perf_counter() - began
     return result
+
+
+def session(context: ssl.SSLContext, concurrency: int, timeout: float = 60.0) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency, keepalive_timeout=60)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout))
+
+
+async def _create_pods(url: str, context: ssl.SSLContext, token: str, namespace: str, total: int,
+                       concurrency: int, timeout: float) -> LoadResult:
+    async with session(context, concurrency, timeout) as client:
+        return await create_batch(client, url, token, namespace, total, concurrency)
 
 
 def create_pods(cluster: E2ECluster, token: str, namespace: str, total: int, concurrency: int,
@@ -148,13 +159,16 @@ def create_pods(cluster: E2ECluster, token: str, namespace: str, total: int, con
 
 
 class BareWebhook(e2elib.LiveWebhook):
-    """bench/baseline_app.py (parse, allow) where LiveWebhook runs `gpu-stack-webhook serve`."""
+    """bench/baseline_app.py (parse, allow) where LiveWebhook runs `gpu-stack-webhook serve`;
+    `baseline_args` are added to its command line (e.g. --mutate-answer)."""
+
+    baseline_args: tuple[str, ...] = ()
 
     def _serve(self, args: list[str]) -> None:
         assert self.pki is not None
         self.port = e2elib.controlplane.free_port()
         command = [sys.executable, str(e2elib.ROOT / "bench" / "baseline_app.py"), "--cert", str(self.pki.cert),
-                   "--key", str(self.pki.key), "--bind", f"127.0.0.1:{self.port}", *SIZING]
+                   "--key", str(self.pki.key), "--bind", f"127.0.0.1:{self.port}", *SIZING, *self.baseline_args]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                             start_new_session=True)
