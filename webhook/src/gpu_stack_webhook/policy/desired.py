@@ -66,8 +66,12 @@ class DesiredPod:
         if self._root is None:
             return []
         src, dst = _unshared(self._source, self._root)
-        # jsonpatch.make_patch without its search for values to move (rules add, replace and remove).
-        return jsonpatch.JsonPatch.from_diff(src, dst, optimization=False, dumps=_dumps).patch
+        # jsonpatch.JsonPatch.from_diff(src, dst, optimization=False) without its search for values to
+        # move (rules add, replace and remove) and without its deep copy of the operations: they are
+        # serialised into the response at once and nothing edits the request or the desired pod after.
+        builder = jsonpatch.DiffBuilder(src, dst, _dumps, optimization=False)
+        builder._compare_values((), None, src, dst)  # type: ignore[attr-defined]  # what from_diff calls
+        return list(builder.execute())
 
 
 def _dumps(value: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
@@ -38,6 +39,7 @@ class Metrics:
 
     multiprocess_dir: str | None = None
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+    _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.reviews = Counter(
@@ -61,11 +63,19 @@ class Metrics:
         )
 
     def record(self, endpoint: Endpoint, reply: Reply, seconds: float) -> None:
-        self.reviews.labels(endpoint.value, reply.outcome, kind_label(reply.request)).inc()
-        self.duration.labels(endpoint.value).observe(seconds)
+        self._child(self.reviews, endpoint.value, reply.outcome, kind_label(reply.request)).inc()
+        self._child(self.duration, endpoint.value).observe(seconds)
         if reply.decision is not None:
             for rule, severity in reply.decision.severities():
-                self.findings.labels(endpoint.value, rule, severity).inc()
+                self._child(self.findings, endpoint.value, rule, severity).inc()
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per label set (label values are bounded)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         if self.multiprocess_dir:
