@@ -472,8 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON")
     parser.add_argument("--quick", action="store_true", help="one short round of everything (smoke test)")
-    parser.add_argument("--workers", type=int, default=load_settings().workers)
-    parser.add_argument("--threads", type=int, default=load_settings().threads)
+    settings = load_settings()
+    parser.add_argument("--workers", type=int, default=settings.workers)
+    parser.add_argument("--threads", type=int, default=settings.threads)
     parser.add_argument("--no-profile", action="store_true", help="no py-spy flame graphs and profile")
     parser.add_argument("--flamegraphs", type=Path, default=BENCH_DIR / "flamegraphs",
                         help="where the py-spy SVGs go (linked from --out)")

@@ -92,11 +92,10 @@ def serve(args: argparse.Namespace) -> int:
         _check_tls_files(prepared.certfile, prepared.keyfile)
         options = gunicorn_conf.ServeOptions.from_settings(
             settings, bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
-            threads=args.threads
+            threads=args.threads, log_level=args.log_level,
         )
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
-    options = gunicorn_conf.ServeOptions(**{**options.__dict__, "log_level": args.log_level})
 
     # /metrics aggregates what every gunicorn worker writes to this directory.
     settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})

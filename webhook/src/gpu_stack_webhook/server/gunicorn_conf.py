@@ -65,7 +65,7 @@ class ServeOptions:
     @classmethod
     def from_settings(
         cls, settings: Settings, *, bind: str, certfile: str, keyfile: str, workers: int | None = None,
-        threads: int | None = None,
+        threads: int | None = None, log_level: str = "info",
     ) -> ServeOptions:
         """Flags win over the environment (`settings`), which has the defaults."""
         return cls(
@@ -74,6 +74,7 @@ class ServeOptions:
             keyfile=keyfile,
             workers=workers if workers is not None else settings.workers,
             threads=threads if threads is not None else settings.threads,
+            log_level=log_level,
             request_timeout=settings.request_timeout,
         )
 
