@@ -1,5 +1,5 @@
 """Metrics and the decision log read the structured decision (rule IDs by role, outcome), not its text;
-INFO carries denials, patches, warnings and errors, DEBUG the allowed-unchanged and skipped reviews."""
+INFO carries denials, warnings and errors, DEBUG the allowed, patched and skipped reviews."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ DENIED_AND_WARNED = make_pod(
     [container(LONG_NAME, env_from=[{"configMapRef": {"name": "gpu-env"}}]), container("cuda", gpu=1, privileged=True)],
     name="denied-and-warned",
 )
+WARNED = make_pod([container("app", env_from=[{"configMapRef": {"name": "gpu-env"}}])], name="warned")
 
 
 def _crash(*_: Any) -> Iterable[Any]:
@@ -107,17 +108,31 @@ def test_an_unexpected_failure_counts_as_an_error_review_without_a_rule(monkeypa
 # --- the decision log -----------------------------------------------------------------------------------
 
 
-def test_denials_patches_and_warnings_are_info_lines_with_the_roles(caplog: pytest.LogCaptureFixture) -> None:
+def test_denials_and_warnings_are_info_lines_with_the_roles(caplog: pytest.LogCaptureFixture) -> None:
     client = make_client()
     with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
         post(client, "/validate", review(DENIED_AND_WARNED, uid="u-deny"))
-        post(client, "/mutate", review(make_pod([container("cuda", requests={GPU: "1"})]), uid="u-patch"))
-    denied, patched = decision_lines(caplog)
-    assert denied.levelno == patched.levelno == logging.INFO
+        post(client, "/validate", review(WARNED, uid="u-warn"))
+    denied, warned = decision_lines(caplog)
+    assert denied.levelno == warned.levelno == logging.INFO
     assert (denied.uid, denied.decision, denied.denied_by, denied.warned, denied.code) == (  # type: ignore[attr-defined]
         "u-deny", "denied", ["GPU003"], ["GPU002"], 403)
-    assert (patched.uid, patched.decision, patched.mutated, patched.patch_ops) == (  # type: ignore[attr-defined]
-        "u-patch", "patched", ["GPU001"], 1)
+    assert (warned.uid, warned.decision, warned.warned) == ("u-warn", "allowed", ["GPU002"])  # type: ignore[attr-defined]
+
+
+def test_a_patch_is_a_debug_line_with_its_rules(caplog: pytest.LogCaptureFixture) -> None:
+    """The audit log has the patch (our `mutations` annotation); the decision log at INFO does not repeat it."""
+    client = make_client()
+    body = review(make_pod([container("cuda", requests={GPU: "1"})]), uid="u-patch")
+    with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
+        answer = post(client, "/mutate", body).get_json()["response"]
+    assert decision_lines(caplog) == []
+    assert answer["auditAnnotations"] == {"mutations": "GPU001"}
+    with caplog.at_level(logging.DEBUG, logger=DECISION_LOGGER):
+        post(client, "/mutate", body)
+    (patched,) = decision_lines(caplog)
+    assert (patched.levelno, patched.uid, patched.decision, patched.mutated, patched.patch_ops) == (  # type: ignore[attr-defined]
+        logging.DEBUG, "u-patch", "patched", ["GPU001"], 1)
 
 
 def test_allowed_unchanged_and_skipped_reviews_are_debug_lines(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,8 +1,11 @@
 """One JSON log line per review, from the structured reply (never the object itself).
 
-Denials, patches, warnings and errors are logged at INFO; allowed-unchanged and skipped reviews at
-DEBUG (`serve --log-level debug` shows them), so the default level costs nothing on the common path:
-the line is not even built when its level is off. Requests that are not a review we can answer
+Denials, warnings and errors are logged at INFO; allowed and skipped reviews, and patches whose only
+warnings say what was changed, at DEBUG (`serve --log-level debug` shows them), so the default level
+costs nothing on the common paths: the line is not even built when its level is off. A patch is not
+news an operator would miss: the API server's audit log records it under our `mutations` audit
+annotation (Metadata level) and the patch itself (Request level), the user saw the change's warning,
+and `gpu_stack_rule_findings_total` counts it per rule. Requests that are not a review we can answer
 (HTTP 4xx) are one WARNING line each; an unexpected exception is logged where it happened, with its
 traceback (admission/pipeline.py).
 """
@@ -22,8 +25,8 @@ log = logging.getLogger("gpu_stack_webhook.server.review_routes")
 
 
 def level_of(decision: Decision) -> int:
-    """INFO for what someone may need to know (denied, patched, warned, failed), else DEBUG."""
-    if decision.outcome in ("allowed", "skipped") and not decision.warnings:
+    """INFO for what someone may need to know (denied, warned, failed), else DEBUG."""
+    if decision.allowed and not decision.crashed and not decision.warned:
         return logging.DEBUG
     return logging.INFO
 
