@@ -94,9 +94,36 @@ def test_the_patch_turns_the_object_into_the_edited_one(document: dict[str, Any]
 def test_nothing_edited_no_patch() -> None:
     pod = make_pod([container("cuda", gpu=1)])
     desired = DesiredPod(pod, writable=True)
-    assert not desired.changed and desired.patch() == []
+    assert not desired.changed and desired.patch() == ()
     desired.edit("/spec")  # a copy, unchanged
-    assert desired.changed and desired.patch() == []
+    assert desired.changed and desired.patch() == ()
+
+
+def test_pods_edited_alike_get_the_same_patch_each_for_its_own_object() -> None:
+    patches = []
+    for name in ("replica-a", "replica-b"):
+        pod = make_pod([container("cuda", gpu=1)], name=name)
+        desired = DesiredPod(pod, writable=True)
+        desired.edit("/spec")["hostIPC"] = True
+        desired.edit("/spec/containers/0/resources/limits")["nvidia.com/gpu"] = "2"
+        patched = apply_patch(pod, desired.patch())
+        assert patched["metadata"]["name"] == name
+        assert patched["spec"]["hostIPC"] is True
+        assert patched["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        patches.append(desired.patch())
+    assert patches[0] == patches[1]
+
+
+def test_a_value_json_writes_as_null_is_never_taken_for_null() -> None:
+    """orjson writes infinity (YAML `.inf`, through `check`) as null: the remembered diffs must not
+    answer for it."""
+    patches = []
+    for value in (None, float("inf")):
+        desired = DesiredPod({"spec": {"x": 1}}, writable=True)
+        desired.edit("/spec")["x"] = value
+        patches.append(desired.patch())
+    assert patches == [({"op": "replace", "path": "/spec/x", "value": None},),
+                       ({"op": "replace", "path": "/spec/x", "value": float("inf")},)]
 
 
 def test_a_review_that_cannot_be_patched_refuses_edits() -> None:

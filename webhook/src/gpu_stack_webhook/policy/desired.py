@@ -5,10 +5,15 @@ reports a WARN finding with `changed=True` that says what it changed; the engine
 into RFC 6902 operations with `jsonpatch.make_patch`. Most reviews change nothing, so nothing is copied
 until the first edit, and then only the nodes on the way to what is edited (copy on write): everything
 else stays shared with the request, so jsonpatch is handed only what an edit touched (`_unshared`).
+
+The pods of one workload are edited alike (the same hostIPC, toleration and nodeSelector for every
+replica), so the same difference comes back review after review: jsonpatch's answer for it is kept
+(`_diff_of`, a bounded LRU keyed by the exact JSON of the two sides, and computed from that JSON).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -61,17 +66,35 @@ class DesiredPod:
             node = child
         return node
 
-    def patch(self) -> list[JsonPatchOp]:
-        """RFC 6902 operations from the object to the desired pod ([] when nothing was edited)."""
+    def patch(self) -> tuple[JsonPatchOp, ...]:
+        """RFC 6902 operations from the object to the desired pod (() when nothing was edited). The
+        operations may be shared with other reviews: read them, never modify them."""
         if self._root is None:
-            return []
+            return ()
         src, dst = _unshared(self._source, self._root)
-        # jsonpatch.JsonPatch.from_diff(src, dst, optimization=False) without its search for values to
-        # move (rules add, replace and remove) and without its deep copy of the operations: they are
-        # serialised into the response at once and nothing edits the request or the desired pod after.
-        builder = jsonpatch.DiffBuilder(src, dst, _dumps, optimization=False)
-        builder._compare_values((), None, src, dst)  # type: ignore[attr-defined]  # what from_diff calls
-        return list(builder.execute())
+        try:
+            key = orjson.dumps((src, dst))
+        except TypeError:  # an integer over 64 bits: not a key orjson can write
+            return _diff(src, dst)
+        # orjson writes NaN and infinities (YAML `.inf` through `check`) as null: a key holding null
+        # could stand for another value, so it is not looked up.
+        return _diff(src, dst) if b"null" in key else _diff_of(key)
+
+
+def _diff(src: Any, dst: Any) -> tuple[JsonPatchOp, ...]:
+    # jsonpatch.JsonPatch.from_diff(src, dst, optimization=False) without its search for values to
+    # move (rules add, replace and remove) and without its deep copy of the operations: they are
+    # serialised into the response at once and nothing edits the request or the desired pod after.
+    builder = jsonpatch.DiffBuilder(src, dst, _dumps, optimization=False)
+    builder._compare_values((), None, src, dst)  # type: ignore[attr-defined]  # what from_diff calls
+    return tuple(builder.execute())
+
+
+@functools.lru_cache(maxsize=1024)
+def _diff_of(key: bytes) -> tuple[JsonPatchOp, ...]:
+    """The diff of the two sides written in `key` (JSON without null, so it reads back exactly)."""
+    src, dst = orjson.loads(key)
+    return _diff(src, dst)
 
 
 def _dumps(value: Any) -> str:

@@ -83,7 +83,7 @@ class Policy:
                 findings.extend(rule.check(pod, ctx))
             except Exception as error:  # a rule bug must become a decision, never a 500 traceback
                 raise RuleCrashed(rule, error) from error
-        return Evaluation(tuple(findings), tuple(pod.desired.patch()))
+        return Evaluation(tuple(findings), pod.desired.patch())
 
     def new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str, namespace: str = "",
                      facts: ClusterFacts | None = None) -> Evaluation:
