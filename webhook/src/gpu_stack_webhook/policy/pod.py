@@ -33,6 +33,10 @@ POD_SPEC_LOCATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
 }
 
+# (path, pointer, metadata path) per kind: "spec.template.spec", "/spec/template/spec", "spec.template.metadata".
+_PATHS = {kind: (".".join(spec), "/" + "/".join(spec), ".".join(meta))
+          for kind, (spec, meta) in POD_SPEC_LOCATIONS.items()}
+
 EMPTY: Mapping[str, Any] = {}
 
 
@@ -53,12 +57,36 @@ def _list(value: Any) -> list[Any]:
 # Plain (not frozen) slotted classes: frozen __init__ is several times slower and these are built per review.
 @dataclass(slots=True)
 class ContainerRef:
+    """One container of the pod spec, with the members every rule reads already looked up (once per
+    review, where the containers are collected: the rules read them from the slots)."""
+
     kind: str  # container | initContainer | ephemeralContainer
     index: int
     spec: Mapping[str, Any]
     field_name: str  # initContainers
     pod_path: str  # spec
     pod_pointer: str  # /spec
+    requests: Mapping[str, Any]  # resources.requests ({} when absent or not an object)
+    limits: Mapping[str, Any]
+    env: list[Any]  # [] when absent or not a list
+    env_from: list[Any]
+    security_context: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, kind: str, index: int, spec: dict[str, Any], field_name: str, *, pod_path: str,
+           pod_pointer: str) -> ContainerRef:
+        # _mapping and _list inlined: this runs for every container of every review.
+        resources = spec.get("resources")
+        requests: Mapping[str, Any] = EMPTY
+        limits: Mapping[str, Any] = EMPTY
+        if isinstance(resources, dict):
+            found_requests, found_limits = resources.get("requests"), resources.get("limits")
+            requests = found_requests if isinstance(found_requests, dict) else EMPTY
+            limits = found_limits if isinstance(found_limits, dict) else EMPTY
+        env, env_from, context = spec.get("env"), spec.get("envFrom"), spec.get("securityContext")
+        return cls(kind, index, spec, field_name, pod_path, pod_pointer, requests, limits,
+                   env if isinstance(env, list) else [], env_from if isinstance(env_from, list) else [],
+                   context if isinstance(context, dict) else EMPTY)
 
     @property
     def path(self) -> str:
@@ -77,21 +105,6 @@ class ContainerRef:
     @property
     def label(self) -> str:
         return f'{self.kind} "{self.name}"'
-
-    def resources(self, section: str) -> Mapping[str, Any]:
-        return _mapping(_mapping(self.spec.get("resources")).get(section))
-
-    @property
-    def env(self) -> list[Any]:
-        return _list(self.spec.get("env"))
-
-    @property
-    def env_from(self) -> list[Any]:
-        return _list(self.spec.get("envFrom"))
-
-    @property
-    def security_context(self) -> Mapping[str, Any]:
-        return _mapping(self.spec.get("securityContext"))
 
 
 @dataclass
@@ -120,23 +133,16 @@ class PodView:
         spec_path, meta_path = POD_SPEC_LOCATIONS[kind]
         spec: Any = obj
         for key in spec_path:
-            spec = spec.get(key) if isinstance(spec, Mapping) else None
-        if not isinstance(spec, Mapping):
+            spec = spec.get(key) if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):
             raise NotAPodError(f"{kind} has no pod spec at {'.'.join(spec_path)}")
         if not isinstance(spec.get("containers"), list):
             raise NotAPodError(f"{kind} pod spec has no containers list at {'.'.join(spec_path)}.containers")
         meta: Any = obj
         for key in meta_path:
             meta = _mapping(meta).get(key)
-        return cls(
-            kind=kind,
-            metadata=_mapping(meta),
-            spec=spec,
-            path=".".join(spec_path),
-            pointer="/" + "/".join(spec_path),
-            metadata_path=".".join(meta_path),
-            desired=DesiredPod(obj, writable=patchable),
-        )
+        path, pointer, metadata_path = _PATHS[kind]
+        return cls(kind, _mapping(meta), spec, path, pointer, metadata_path, {}, DesiredPod(obj, writable=patchable))
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
@@ -147,13 +153,12 @@ class PodView:
 
     def _collect_containers(self) -> tuple[ContainerRef, ...]:
         spec, path, pointer = self.spec, self.path, self.pointer
-        found = []
+        found: list[ContainerRef] = []
         for field_name, kind in CONTAINER_FIELDS:
             items = spec.get(field_name)
             if isinstance(items, list):
-                for index, container in enumerate(items):
-                    if isinstance(container, dict):
-                        found.append(ContainerRef(kind, index, container, field_name, path, pointer))
+                found.extend(ContainerRef.of(kind, index, container, field_name, pod_path=path, pod_pointer=pointer)
+                             for index, container in enumerate(items) if isinstance(container, dict))
         return tuple(found)
 
     @property
@@ -169,9 +174,12 @@ class PodView:
         return _list(self.spec.get("tolerations"))
 
     def required_node_selector_terms(self) -> list[Mapping[str, Any]]:
-        node_affinity = _mapping(_mapping(self.spec.get("affinity")).get("nodeAffinity"))
+        affinity = self.spec.get("affinity")
+        if not affinity:  # most pods: no affinity at all
+            return []
+        node_affinity = _mapping(_mapping(affinity).get("nodeAffinity"))
         required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
-        return [t for t in _list(required.get("nodeSelectorTerms")) if isinstance(t, Mapping)]
+        return [t for t in _list(required.get("nodeSelectorTerms")) if isinstance(t, dict)]
 
 
 def parse_count(value: Any) -> Decimal | None:

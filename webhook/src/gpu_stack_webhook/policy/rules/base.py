@@ -47,16 +47,16 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     key = (gpu_amounts, id(ctx.config))
     amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
     if amounts is None:
-        is_gpu = ctx.sharing.is_gpu
+        names, prefixes = ctx.sharing.gpu_names, ctx.sharing.gpu_prefixes  # SharingIndex.is_gpu, inlined
         found = []
         for container in pod.containers():
-            requests, limits = container.resources("requests"), container.resources("limits")
+            requests, limits = container.requests, container.limits
             # Requests first, then limits without a request: each resource once, in the order written.
             for resource, request in requests.items():
-                if is_gpu(resource):
+                if resource in names or resource.startswith(prefixes):
                     found.append(GpuAmount(container, resource, request, limits.get(resource)))
             for resource, limit in limits.items():
-                if resource not in requests and is_gpu(resource):
+                if resource not in requests and (resource in names or resource.startswith(prefixes)):
                     found.append(GpuAmount(container, resource, None, limit))
         amounts = pod.memo[key] = tuple(found)
     return iter(amounts)

@@ -25,10 +25,8 @@ CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 def _under_device_dir(mount_path: str) -> bool:
     # The toolkit (DevicesFromMounts) cleans the destination like Go's filepath.Clean, `..` resolved,
     # then matches a plain string prefix: ".../nvidia-container-devicesall" is a request for "all".
-    # Cleaning only drops components, so a path without the directory's name cannot match: skip the
-    # normpath for the mounts every pod has.
-    if DEVICE_LIST_NAME not in mount_path:
-        return False
+    # Cleaning only drops components, so a path without the directory's name cannot match: check() skips
+    # the normpath for the mounts every pod has.
     return posixpath.normpath("/" + mount_path.lstrip("/")).startswith(DEVICE_LIST_DIR)
 
 
@@ -46,7 +44,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             if not isinstance(mount, dict):
                 continue
             mount_path = mount.get("mountPath")
-            if isinstance(mount_path, str) and _under_device_dir(mount_path):
+            if isinstance(mount_path, str) and DEVICE_LIST_NAME in mount_path and _under_device_dir(mount_path):
                 yield Finding(
                     ID,
                     Severity.DENY,

@@ -47,7 +47,10 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     missing_limits: dict[str, dict[str, object]] = defaultdict(dict)
     containers: dict[str, ContainerRef] = {}
     for amount in gpu_amounts(pod, ctx):
-        request, limit = parse_count(amount.request), parse_count(amount.limit)
+        raw = amount.request
+        if raw == amount.limit and type(raw) is str and raw.isascii() and raw.isdigit():
+            continue  # the common case, a whole number written alike in both: nothing to say
+        request, limit = parse_count(raw), parse_count(amount.limit)
         for raw, value, section in ((amount.request, request, "requests"), (amount.limit, limit, "limits")):
             if raw is not None and (value is None or value != value.to_integral_value() or value < 0):
                 yield _deny(amount, f"{amount.resource} {section[:-1]} {raw!s} is not a whole number; "

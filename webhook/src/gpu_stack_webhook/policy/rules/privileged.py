@@ -63,8 +63,15 @@ def added_sys_admin(container: ContainerRef) -> tuple[int, str] | None:
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
-    privileged = [c for c in pod.containers() if c.security_context.get("privileged") is True]
-    sys_admin = [(c, found) for c in pod.containers() if (found := added_sys_admin(c)) is not None]
+    privileged: list[ContainerRef] = []
+    sys_admin: list[tuple[ContainerRef, tuple[int, str]]] = []
+    for c in pod.containers():
+        if not c.security_context:  # most containers
+            continue
+        if c.security_context.get("privileged") is True:
+            privileged.append(c)
+        if (found := added_sys_admin(c)) is not None:
+            sys_admin.append((c, found))
     if not (privileged or sys_admin) or not is_gpu_pod(pod, ctx):
         return
     for container in privileged:

@@ -12,9 +12,10 @@ a ConfigMap that does not exist yet or could not be read (the warning says why).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
-from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView
 from gpu_stack_webhook.policy.rules.base import Context
 
 ID = "GPU002"
@@ -34,35 +35,43 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     for container in pod.containers():
         env = container.env
         # One pass in a comprehension (GPU002 reads every env entry of every container: the hot loop).
-        if VARIABLE not in [entry.get("name") for entry in env if type(entry) is dict]:
-            env = []
-        for index, entry in enumerate(env):
-            if isinstance(entry, dict) and entry.get("name") == VARIABLE:
-                how = "from valueFrom" if "valueFrom" in entry else "explicitly"
-                yield Finding(
-                    ID,
-                    Severity.DENY,
-                    f"{container.label} sets {VARIABLE} {how}; GPUs are assigned by the device plugin, "
-                    f"request nvidia.com/gpu instead",
-                    f"{container.path}.env[{index}]",
-                )
-        for index, entry in enumerate(container.env_from):
-            if not isinstance(entry, dict):
-                continue
-            prefix = entry.get("prefix") or ""
-            path = f"{container.path}.envFrom[{index}]"
-            if not isinstance(prefix, str):
-                continue
-            if prefix and VARIABLE.startswith(prefix):
-                yield Finding(
-                    ID,
-                    Severity.DENY,
-                    f'{container.label} imports {_source(entry)} with prefix "{prefix}", which can produce '
-                    f"{VARIABLE}; use a prefix that is not the start of {VARIABLE}",
-                    path,
-                )
-            elif not prefix:
-                yield from _unprefixed(container.label, entry, path, ctx)
+        if env and VARIABLE in [entry.get("name") for entry in env if isinstance(entry, dict)]:
+            yield from _named(container, env)
+        if container.env_from:
+            yield from _imported(container, ctx)
+
+
+def _named(container: ContainerRef, env: list[Any]) -> Iterator[Finding]:
+    for index, entry in enumerate(env):
+        if isinstance(entry, dict) and entry.get("name") == VARIABLE:
+            how = "from valueFrom" if "valueFrom" in entry else "explicitly"
+            yield Finding(
+                ID,
+                Severity.DENY,
+                f"{container.label} sets {VARIABLE} {how}; GPUs are assigned by the device plugin, "
+                f"request nvidia.com/gpu instead",
+                f"{container.path}.env[{index}]",
+            )
+
+
+def _imported(container: ContainerRef, ctx: Context) -> Iterator[Finding]:
+    for index, entry in enumerate(container.env_from):
+        if not isinstance(entry, dict):
+            continue
+        prefix = entry.get("prefix") or ""
+        path = f"{container.path}.envFrom[{index}]"
+        if not isinstance(prefix, str):
+            continue
+        if prefix and VARIABLE.startswith(prefix):
+            yield Finding(
+                ID,
+                Severity.DENY,
+                f'{container.label} imports {_source(entry)} with prefix "{prefix}", which can produce '
+                f"{VARIABLE}; use a prefix that is not the start of {VARIABLE}",
+                path,
+            )
+        elif not prefix:
+            yield from _unprefixed(container.label, entry, path, ctx)
 
 
 def _unprefixed(label: str, entry: Mapping[str, object], path: str, ctx: Context) -> Iterator[Finding]:
