@@ -17,8 +17,7 @@ request) that metrics and the decision log read; nothing here logs except an une
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -39,8 +38,7 @@ NOT_JSON = "request body is not valid JSON"
 log = logging.getLogger("gpu_stack_webhook.admission.pipeline")
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
     """What to send (status, headers, body) and what was decided, for metrics and logs."""
 
     status: int

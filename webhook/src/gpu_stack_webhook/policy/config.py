@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,6 +115,11 @@ class Toleration(_Strict):
     toleration_seconds: int | None = Field(None, alias="tolerationSeconds")
 
     def as_k8s(self) -> dict[str, Any]:
+        return dict(self.k8s)
+
+    @cached_property
+    def k8s(self) -> dict[str, Any]:
+        """As a pod spec writes it, built once (read-only: as_k8s() for a copy to change)."""
         return self.model_dump(by_alias=True, exclude_none=True)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,7 +116,7 @@ def _unshared(src: Any, dst: Any) -> tuple[Any, Any]:
     jsonpatch writes for these ("/spec/containers/0/...", "/spec/tolerations/2") are those of the
     arrays. Any other array change is left whole to jsonpatch, which matches up the items itself."""
     if type(src) is list:
-        if len(dst) > len(src) and all(a is b for a, b in zip(src, dst, strict=False)):
+        if len(dst) > len(src) and all(map(operator.is_, src, dst)):
             return {}, {str(index): dst[index] for index in range(len(src), len(dst))}
         changed = [(index, a, b) for index, (a, b) in enumerate(zip(src, dst, strict=False)) if a is not b]
         if len(src) != len(dst) or not all(_reducible(a, b) for _, a, b in changed):
@@ -124,17 +125,19 @@ def _unshared(src: Any, dst: Any) -> tuple[Any, Any]:
         return {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
     src_left: dict[str, Any] = {}
     dst_left: dict[str, Any] = {}
-    for key, b in dst.items():
-        a = src.get(key, _ABSENT)
-        if a is b:
-            continue
+    added = 0
+    # Most members are shared (the same object on both sides): find the others in one comprehension.
+    for key, a, b in [(key, a, b) for key, b in dst.items() if (a := src.get(key, _ABSENT)) is not b]:
         if _reducible(a, b):
             src_left[key], dst_left[key] = _unshared(a, b)
         else:
-            if a is not _ABSENT:
+            if a is _ABSENT:
+                added += 1
+            else:
                 src_left[key] = a
             dst_left[key] = b
-    src_left.update((key, a) for key, a in src.items() if key not in dst)
+    if len(src) + added > len(dst):  # len(dst) = len(src) - removed + added: some member was removed
+        src_left.update((key, a) for key, a in src.items() if key not in dst)
     return src_left, dst_left
 
 

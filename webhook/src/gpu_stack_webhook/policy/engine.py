@@ -8,8 +8,8 @@ what those mean for an admission request (skip, deny, patch, warn) is admission/
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
@@ -33,8 +33,7 @@ class RuleCrashed(Exception):
         self.rule = rule
 
 
-@dataclass(frozen=True)
-class Evaluation:
+class Evaluation(NamedTuple):
     findings: tuple[Finding, ...]
     # RFC 6902 ops from the object to the desired pod (jsonpatch's diff); only ever for a Pod being created.
     patch: tuple[JsonPatchOp, ...] = ()
@@ -93,7 +92,7 @@ class Policy:
             before = set(self.evaluate(old_object, kind, namespace=namespace, facts=facts).findings)
         except NotAPodError:
             return evaluation
-        return replace(evaluation, findings=tuple(f for f in evaluation.findings if f not in before))
+        return evaluation._replace(findings=tuple(f for f in evaluation.findings if f not in before))
 
     def is_exempt(self, namespace: str) -> bool:
         return namespace in self._exempt

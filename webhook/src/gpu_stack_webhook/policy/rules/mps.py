@@ -76,9 +76,9 @@ def _covers(have: tuple[str, str, str, str], want: tuple[str, str, str, str]) ->
     return have_key == want_key and want_op == "Equal" and have_value == want_value
 
 
-def _tolerated(wanted: dict[str, Any], existing: list[Any]) -> bool:
+def _tolerated(wanted: dict[str, Any], existing: list[tuple[str, str, str, str]]) -> bool:
     want = _normalized(wanted)
-    return any(_covers(_normalized(have), want) for have in existing)
+    return any(_covers(have, want) for have in existing)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
@@ -121,10 +121,11 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             f"{pod.path}.hostIPC",
             changed=True,
         )
-    existing = list(pod.tolerations)
-    missing = [wanted for wanted in (t.as_k8s() for t in mps.tolerations) if not _tolerated(wanted, existing)]
+    existing = pod.tolerations
+    have = [_normalized(t) for t in existing]
+    missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.k8s, have)]
     if missing:
-        pod.desired.edit(pod.pointer)["tolerations"] = existing + missing
+        pod.desired.edit(pod.pointer)["tolerations"] = [*existing, *missing]
         keys = ", ".join(str(t.get("key", "*")) for t in missing)
         yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
                       changed=True)
