@@ -28,6 +28,7 @@ import pytest
 from flask.testing import FlaskClient
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.rules import RULES
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
 from hypothesis import given
@@ -84,6 +85,12 @@ def _policy(name: str) -> Policy:
 
 
 config_names = st.sampled_from(sorted(CONFIGS))
+NOT_MUTATING = tuple(rule for rule in RULES if not rule.mutating)
+
+
+@cache
+def _policy_of(name: str, rule_id: str) -> Policy:
+    return Policy(_config(name), rules=[r for r in RULES if r.id == rule_id])
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -231,3 +238,15 @@ def test_mutation_never_adds_a_denial(pod: dict[str, Any], config: str) -> None:
     after = denials(config, jsonpatch.JsonPatch(patch).apply(pod))
     assert after <= before, f"our patch added denials {after - before}"
     assert not any(rule == "GPU001" and path.endswith("resources.limits") for rule, path in after), after
+
+
+@given(pod=pods(), config=config_names)
+def test_rules_declared_not_mutating_never_change_a_pod_nor_deny_early(pod: dict[str, Any], config: str) -> None:
+    """/mutate skips them (rules/__init__.py MUTATING): they must report nothing the mutating pass keeps."""
+    counting.tick()
+    assert {r.id for r in NOT_MUTATING} == {"GPU002", "GPU003", "GPU004", "GPU005", "GPU007"}
+    for rule in NOT_MUTATING:
+        evaluation = _policy_of(config, rule.id).evaluate(pod, "Pod", can_patch=True)
+        assert evaluation.patch == ()
+        kept = [f for f in evaluation.findings if f.changed or f.on_mutate or f.deny_early]
+        assert kept == [], (rule.id, kept)

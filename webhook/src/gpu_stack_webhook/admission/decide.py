@@ -31,10 +31,16 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
     if skipped:
         return Decision(allowed=True, skipped=skipped)
     assert request.object is not None
-    can_patch = endpoint is Endpoint.MUTATE and request.kind == "Pod" and request.operation == "CREATE"
+    mutating = endpoint is Endpoint.MUTATE
+    can_patch = mutating and request.kind == "Pod" and request.operation == "CREATE"
     ns = request.namespace
     try:
-        evaluation = policy.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts)
+        # /mutate keeps changes and early denials only, so it runs the rules that make them; an early
+        # denial lists every violation, so then all of them run.
+        evaluation = policy.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts,
+                                     mutating_only=mutating)
+        if mutating and any(f.deny_early for f in evaluation.findings):
+            evaluation = policy.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts)
         if request.operation == "UPDATE" and request.old_object is not None:
             evaluation = policy.new_findings(evaluation, request.old_object, request.kind, ns, facts)
     except NotAPodError as error:

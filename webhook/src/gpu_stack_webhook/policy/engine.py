@@ -62,14 +62,16 @@ class Policy:
         self.config = config
         self.facts = facts
         self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
+        self._mutating = tuple(r for r in self.rules if r.mutating)
         self._patching = Context.for_config(config, can_patch=True)
         self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)
         self._exempt = frozenset(config.exempt_namespaces)
 
     def evaluate(self, obj: Mapping[str, Any], kind: str, *, can_patch: bool = False, namespace: str = "",
-                 facts: ClusterFacts | None = None) -> Evaluation:
-        """Run every enabled rule on the pod spec of `obj`. Raises NotAPodError, RuleCrashed.
-        `facts` (default: the policy's) answer cluster lookups for objects in `namespace`."""
+                 facts: ClusterFacts | None = None, mutating_only: bool = False) -> Evaluation:
+        """Run every enabled rule (`mutating_only`: those that may change the pod or deny early) on the
+        pod spec of `obj`. Raises NotAPodError, RuleCrashed. `facts` (default: the policy's) answer
+        cluster lookups for objects in `namespace`."""
         patching = can_patch and kind == "Pod"
         pod = PodView.of(obj, kind, patchable=patching)
         ctx = self._patching if patching else self._judging
@@ -77,7 +79,7 @@ class Policy:
         if facts.online and namespace:
             ctx = replace(ctx, facts=facts, namespace=namespace)
         findings: list[Finding] = []
-        for rule in self.rules:
+        for rule in self._mutating if mutating_only else self.rules:
             try:
                 findings.extend(rule.check(pod, ctx))
             except Exception as error:  # a rule bug must become a decision, never a 500 traceback

@@ -11,6 +11,10 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
   initContainers and ephemeralContainers), and the shared helpers of rules/base.py.
 - What it checks: `Finding(ID, Severity.DENY | Severity.WARN, message, path)`; `deny_early=True` for
   what Kubernetes would reject before the validating webhooks run (then /mutate denies it too).
+- `MUTATING = False` for a rule that never changes the pod and never denies early: /mutate then runs it
+  only when another rule denies early (to list every violation), not on every pod (it reports nothing
+  the mutating pass keeps). Leave it out when in doubt: a rule runs on both passes by default.
+  tests/property checks the claim over generated pods.
 - What it changes (only when `ctx.can_patch`: a Pod being created, at /mutate): edit the desired pod and
   yield a WARN Finding with `changed=True` saying what changed. `pod.desired.edit(pointer)` returns this
   review's own copy of the object or array at that JSON pointer (`pod.pointer`, `container.pointer`, plus
@@ -48,12 +52,15 @@ class Rule:
     name: str
     summary: str
     check: Check
+    # It may change the pod or deny early (module MUTATING, default True): /mutate runs it on every pod.
+    mutating: bool = True
 
 
 def _rule(module: ModuleType) -> Rule:
     doc = (module.__doc__ or "").strip()
     summary = doc.splitlines()[0].split(": ", 1)[-1] if doc else ""
-    return Rule(id=module.ID, name=module.NAME, summary=summary, check=module.check)
+    return Rule(id=module.ID, name=module.NAME, summary=summary, check=module.check,
+                mutating=getattr(module, "MUTATING", True))
 
 
 RULES: tuple[Rule, ...] = tuple(

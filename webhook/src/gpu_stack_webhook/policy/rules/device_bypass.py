@@ -17,6 +17,7 @@ from gpu_stack_webhook.policy.rules.base import Context
 
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"
+MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"

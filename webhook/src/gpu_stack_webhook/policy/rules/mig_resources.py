@@ -16,6 +16,7 @@ from gpu_stack_webhook.policy.sharing import MIG_PREFIX
 
 ID = "GPU005"
 NAME = "mig-resource-exposed"
+MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:

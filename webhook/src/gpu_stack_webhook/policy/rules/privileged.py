@@ -40,6 +40,7 @@ from gpu_stack_webhook.policy.rules.base import Context, allocated_gpus, candida
 
 ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
+MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 # Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
 SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})
 

@@ -16,6 +16,7 @@ from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_
 
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
+MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:

@@ -20,6 +20,7 @@ from gpu_stack_webhook.policy.rules.base import Context
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
+MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 VARIABLE = "NVIDIA_VISIBLE_DEVICES"
 
 
