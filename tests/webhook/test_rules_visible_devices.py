@@ -114,6 +114,13 @@ def test_envfrom_prefix_in_every_container_kind_and_workload(field: str, kind: s
     assert (f.severity, f.path) == (Severity.DENY, f"{SPEC_PATH[kind]}.{field}[0].envFrom[0]")
 
 
+def test_found_behind_entries_that_are_no_object_or_have_no_name() -> None:
+    # what `check` may read from YAML: an env list with a string and a nameless entry before the variable
+    main = container("main")
+    main["env"] = ["A=1", {"value": "2"}, {"name": VAR, "value": "all"}]
+    assert summary(findings(make_pod([main]), RULE)) == [(RULE, "deny", "spec.containers[0].env[2]")]
+
+
 def test_non_gpu_pod_is_judged_too() -> None:
     # a pod with no GPU request at all still may not set the variable: it would get GPUs for free
     pod = make_pod([container("x", env=[{"name": VAR, "value": "all"}])])
