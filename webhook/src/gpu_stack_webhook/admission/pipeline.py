@@ -72,6 +72,8 @@ def mimetype(content_type: str | None) -> str:
 
 def is_json(content_type: str | None) -> bool:
     """werkzeug's Request.is_json on the raw header: application/json or application/*+json."""
+    if content_type == JSON:  # what the API server sends
+        return True
     kind = mimetype(content_type)
     return kind == JSON or (kind.startswith("application/") and kind.endswith("+json"))
 
