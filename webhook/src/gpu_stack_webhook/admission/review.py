@@ -130,19 +130,15 @@ def parse_review(body: Any) -> AdmissionRequest:
     for key, value in (("object", obj), ("oldObject", old)):
         if value is not None and not isinstance(value, dict):
             raise BadReview(f"request.{key} must be an object or null")
-    return AdmissionRequest(
-        uid=uid,
-        group=str(kind.get("group") or ""),
-        version=str(kind.get("version") or ""),
-        kind=kind["kind"],
-        operation=operation,
-        namespace=str(request.get("namespace") or ""),
-        name=str(request.get("name") or ""),
-        sub_resource=str(request.get("subResource") or ""),
-        object=obj,
-        old_object=old,
-        dry_run=bool(request.get("dryRun")),
-    )
+    get = request.get
+    return AdmissionRequest(uid, _text(kind.get("group")), _text(kind.get("version")), kind["kind"], operation,
+                            _text(get("namespace")), _text(get("name")), _text(get("subResource")), obj, old,
+                            bool(get("dryRun")))
+
+
+def _text(value: Any) -> str:
+    """A string field of the request: absent or null is "", anything else its text."""
+    return value if type(value) is str else str(value or "")
 
 
 def short_warning(text: str) -> str:

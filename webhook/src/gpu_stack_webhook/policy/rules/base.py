@@ -44,21 +44,23 @@ class GpuAmount:
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     """Every GPU resource named in any container's requests or limits."""
-    key = (gpu_amounts, id(ctx.config))
-    amounts: tuple[GpuAmount, ...] | None = pod.memo.get(key)
-    if amounts is None:
-        names, prefixes = ctx.sharing.gpu_names, ctx.sharing.gpu_prefixes  # SharingIndex.is_gpu, inlined
-        found = []
-        for container in pod.containers():
-            requests, limits = container.requests, container.limits
-            # Requests first, then limits without a request: each resource once, in the order written.
-            for resource, request in requests.items():
-                if resource in names or resource.startswith(prefixes):
-                    found.append(GpuAmount(container, resource, request, limits.get(resource)))
-            for resource, limit in limits.items():
-                if resource not in requests and (resource in names or resource.startswith(prefixes)):
-                    found.append(GpuAmount(container, resource, None, limit))
-        amounts = pod.memo[key] = tuple(found)
+    # Memo entries are (what they depend on, value): several rules ask, on every review.
+    memo: tuple[SharingIndex, tuple[GpuAmount, ...]] | None = pod.memo.get(gpu_amounts)
+    if memo is not None and memo[0] is ctx.sharing:
+        return iter(memo[1])
+    names, prefixes = ctx.sharing.gpu_names, ctx.sharing.gpu_prefixes  # SharingIndex.is_gpu, inlined
+    found = []
+    for container in pod.containers():
+        requests, limits = container.requests, container.limits
+        # Requests first, then limits without a request: each resource once, in the order written.
+        for resource, request in requests.items():
+            if resource in names or resource.startswith(prefixes):
+                found.append(GpuAmount(container, resource, request, limits.get(resource)))
+        for resource, limit in limits.items():
+            if resource not in requests and (resource in names or resource.startswith(prefixes)):
+                found.append(GpuAmount(container, resource, None, limit))
+    amounts = tuple(found)
+    pod.memo[gpu_amounts] = (ctx.sharing, amounts)
     return iter(amounts)
 
 
@@ -66,17 +68,17 @@ def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
     """The device plugin configs of every node the pod could land on (memoized per pod). A pod pinned
     to a node with spec.nodeName is judged against that node's config when its label can be read
     (lookups on); otherwise, and for every other pod, against what its selectors allow."""
-    key = (candidate_configs, id(ctx.sharing), ctx.facts.online)
-    found: list[NodeConfig] | None = pod.memo.get(key)
-    if found is None:
-        node = pod.spec.get("nodeName")
-        label = (ctx.facts.node_label(node, ctx.sharing.label)
-                 if ctx.facts.online and isinstance(node, str) and node else None)
-        if label is not None and label.known:
-            found = [ctx.sharing.for_node_label(label.value)]
-        else:
-            found = ctx.sharing.candidates(pod)
-        pod.memo[key] = found
+    memo: tuple[SharingIndex, ClusterFacts, list[NodeConfig]] | None = pod.memo.get(candidate_configs)
+    if memo is not None and memo[0] is ctx.sharing and memo[1] is ctx.facts:
+        return memo[2]
+    node = pod.spec.get("nodeName")
+    label = (ctx.facts.node_label(node, ctx.sharing.label)
+             if ctx.facts.online and isinstance(node, str) and node else None)
+    if label is not None and label.known:
+        found = [ctx.sharing.for_node_label(label.value)]
+    else:
+        found = ctx.sharing.candidates(pod)
+    pod.memo[candidate_configs] = (ctx.sharing, ctx.facts, found)
     return found
 
 
