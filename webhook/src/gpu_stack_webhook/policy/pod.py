@@ -73,8 +73,8 @@ class ContainerRef:
     security_context: Mapping[str, Any]
 
     @classmethod
-    def of(cls, kind: str, index: int, spec: dict[str, Any], field_name: str, *, pod_path: str,
-           pod_pointer: str) -> ContainerRef:
+    def of(cls, spec: dict[str, Any], index: int, place: tuple[str, str, str, str]) -> ContainerRef:
+        """`place`: (kind, field name, pod path, pod pointer), the same for every container of a field."""
         # _mapping and _list inlined: this runs for every container of every review.
         resources = spec.get("resources")
         requests: Mapping[str, Any] = EMPTY
@@ -84,6 +84,7 @@ class ContainerRef:
             requests = found_requests if isinstance(found_requests, dict) else EMPTY
             limits = found_limits if isinstance(found_limits, dict) else EMPTY
         env, env_from, context = spec.get("env"), spec.get("envFrom"), spec.get("securityContext")
+        kind, field_name, pod_path, pod_pointer = place
         return cls(kind, index, spec, field_name, pod_path, pod_pointer, requests, limits,
                    env if isinstance(env, list) else [], env_from if isinstance(env_from, list) else [],
                    context if isinstance(context, dict) else EMPTY)
@@ -157,8 +158,10 @@ class PodView:
         for field_name, kind in CONTAINER_FIELDS:
             items = spec.get(field_name)
             if isinstance(items, list):
-                found.extend(ContainerRef.of(kind, index, container, field_name, pod_path=path, pod_pointer=pointer)
-                             for index, container in enumerate(items) if isinstance(container, dict))
+                place = (kind, field_name, path, pointer)
+                for index, container in enumerate(items):
+                    if isinstance(container, dict):
+                        found.append(ContainerRef.of(container, index, place))
         return tuple(found)
 
     @property
