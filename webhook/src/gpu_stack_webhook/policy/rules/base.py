@@ -35,11 +35,11 @@ class GpuAmount:
     resource: str
     request: Any  # raw values as written, None when absent
     limit: Any
+    # What the container will be given: the limit, else the request (None: not a count). Parsed once.
+    count: Decimal | None = field(init=False)
 
-    @property
-    def count(self) -> Decimal | None:
-        """What the container will be given: the limit, else the request."""
-        return parse_count(self.limit if self.limit is not None else self.request)
+    def __post_init__(self) -> None:
+        self.count = parse_count(self.limit if self.limit is not None else self.request)
 
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:

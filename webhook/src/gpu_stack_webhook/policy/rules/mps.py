@@ -53,8 +53,8 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
                     return f"affinity on {expr.get('key')}"
     candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
-        exposed = [r for r in (c.lookup(amount.resource) for c in candidates) if r is not None]
-        if exposed and all(r.strategy is Strategy.MPS for r in exposed):
+        # Every config that exposes the resource shares it through MPS.
+        if {r.strategy for c in candidates if (r := c.lookup(amount.resource)) is not None} == {Strategy.MPS}:
             return f"{amount.resource} is MPS-shared"
     return None
 
