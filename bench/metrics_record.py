@@ -48,7 +48,8 @@ def main() -> None:
         print(f"{endpoint.value}: outcome {reply.outcome}, {findings} finding(s)")
     memory = Metrics()
     for endpoint, reply in by_endpoint.items():
-        print(f"in memory     {endpoint.value:8} {median_us(memory, endpoint, reply, args.rounds, args.number):6.2f} µs/record")
+        us = median_us(memory, endpoint, reply, args.rounds, args.number)
+        print(f"in memory     {endpoint.value:8} {us:6.2f} µs/record")
     path = gunicorn_conf.prepare_metrics_dir()
     try:
         multiprocess = Metrics(path)
