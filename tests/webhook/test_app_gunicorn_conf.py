@@ -8,7 +8,7 @@ import types
 from pathlib import Path
 
 import pytest
-from gpu_stack_webhook.server import gunicorn_conf
+from gpu_stack_webhook.server import gunicorn_conf, metric_values
 from gpu_stack_webhook.server.gunicorn_conf import ServeOptions, settings
 from gpu_stack_webhook.settings import load_settings
 from gunicorn.config import Config
@@ -123,6 +123,7 @@ def test_metrics_made_after_the_metrics_dir_is_prepared_are_written_there(
     path = gunicorn_conf.prepare_metrics_dir()
     try:
         Counter("probe", "A counter made after prepare_metrics_dir.", registry=CollectorRegistry()).inc(3)
+        metric_values.flush_all()  # increments reach the file at the next flush (metric_values.py)
         assert [p.name for p in Path(path).glob("counter_*.db")] == [f"counter_{os.getpid()}.db"]
         aggregated = CollectorRegistry()
         MultiProcessCollector(aggregated, path=path)

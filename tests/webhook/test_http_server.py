@@ -7,12 +7,15 @@ import base64
 import json
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from podlib import GPU, apply_patch, container, make_pod, review
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from recordlib import recorded
 from tls_helpers import Client, Server, client_speaks_tls11, running_server, stop, tls11_client_context
@@ -198,34 +201,52 @@ def test_healthz_and_readyz(client: Client) -> None:
     assert ready.json["status"] == "ready"
 
 
-def test_metrics_aggregate_every_worker(server: Server) -> None:
+def test_metrics_aggregate_every_worker(tmp_path: Path) -> None:
     """Requests on fresh connections are spread over both workers; /metrics (served by either one)
-    must count all of them, which only multiprocess mode does."""
+    must count all of them, which only multiprocess mode does. A worker writes its counts to its file
+    when it serves /metrics and about once a second otherwise (metric_values.py), so a scrape may lag the
+    other worker: once the total is there, every scrape agrees on it whichever worker serves it, the
+    reviews, durations and findings add up to the same number, and both workers' files hold a part."""
+    reviews = 20
     body = review(make_pod([container("cuda", gpu=1, privileged=True)], namespace="metrics-test"))
-    before = _reviews(server, "denied")
-    for _ in range(12):
-        c = server.client()
-        assert response_of(c.post_json("/validate", body))["allowed"] is False
-        c.close()
-    for _ in range(4):  # whichever worker answers, the total is the same
-        assert _reviews(server, "denied") == before + 12
+    with running_server(tmp_path) as server:  # its own server: every count below is this test's
+        for _ in range(reviews):
+            c = server.client()
+            assert response_of(c.post_json("/validate", body))["allowed"] is False
+            c.close()
+        deadline = time.monotonic() + 30
+        while (counted := _counts(_scrape(server)))["reviews"] < reviews and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counted == {"reviews": reviews, "durations": reviews, "findings": reviews}
+        for _ in range(4):  # whichever worker answers, the totals are the same
+            assert _counts(_scrape(server)) == counted
+        per_worker = [
+            _counts(list(MultiProcessCollector.merge([str(f)])))["reviews"]
+            for f in (tmp_path / "tmp").glob("gpu-stack-metrics-*/counter_*.db")
+        ]
+    assert len(per_worker) == 2 and all(per_worker) and sum(per_worker) == reviews, per_worker
 
 
-def _reviews(server: Server, decision: str) -> float:
+def _scrape(server: Server) -> list[Metric]:
     c = server.client()
     reply = c.get("/metrics")
     c.close()
     assert reply.status == 200
     assert reply.content_type.startswith("text/plain")
-    total = 0.0
-    for family in text_string_to_metric_families(reply.body.decode()):
-        for s in family.samples:
-            if (
-                s.name == "gpu_stack_admission_reviews_total"
-                and s.labels == {"endpoint": "validate", "decision": decision, "kind": "Pod"}
-            ):
-                total += s.value
-    return total
+    return list(text_string_to_metric_families(reply.body.decode()))
+
+
+def _counts(families: list[Metric]) -> dict[str, float]:
+    """The denied Pod reviews on /validate, their durations and their GPU003 findings."""
+    wanted = {
+        "reviews": ("gpu_stack_admission_reviews_total", {"endpoint": "validate", "decision": "denied", "kind": "Pod"}),
+        "durations": ("gpu_stack_admission_duration_seconds_count", {"endpoint": "validate"}),
+        "findings": ("gpu_stack_rule_findings_total", {"endpoint": "validate", "rule": "GPU003", "severity": "deny"}),
+    }
+    return {
+        what: sum(s.value for family in families for s in family.samples if s.name == name and s.labels == labels)
+        for what, (name, labels) in wanted.items()
+    }
 
 
 def test_metrics_show_findings_and_durations(client: Client) -> None:

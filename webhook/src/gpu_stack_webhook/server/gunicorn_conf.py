@@ -13,8 +13,9 @@
 * preload_app: the app (and the policy) is built in the master before any socket is bound or worker
   forked; `serve` also validates the policy before starting gunicorn at all.
 * access log off (one JSON decision line per review instead); gunicorn's own log as JSON lines.
-* Prometheus multiprocess mode: a fresh PROMETHEUS_MULTIPROC_DIR created in the master, dead
-  workers marked in child_exit, the directory removed on exit.
+* Prometheus multiprocess mode: a fresh PROMETHEUS_MULTIPROC_DIR created in the master, increments
+  buffered per worker (metric_values.py) and flushed in worker_exit, dead workers marked in child_exit,
+  the directory removed on exit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gunicorn import glogging
 from prometheus_client import multiprocess
 from prometheus_client import values as prometheus_values
 
-from gpu_stack_webhook.server import slowclients
+from gpu_stack_webhook.server import metric_values, slowclients
 from gpu_stack_webhook.server.tls_context import reloading_context
 from gpu_stack_webhook.settings import DEFAULT_REQUEST_TIMEOUT, DEFAULT_THREADS, DEFAULT_WORKERS, Settings
 
@@ -102,10 +103,12 @@ def prepare_metrics_dir() -> str:
     prometheus_client to file-backed values. prometheus_client picks its value class from the variable
     when first imported; its metrics look `values.ValueClass` up each time they create a value, so
     setting it again here (as prometheus_client's own tests switch modes) makes every metric created
-    from now on, in this master and its forked workers, write to the directory."""
+    from now on, in this master and its forked workers, write to the directory: through values that
+    buffer increments in memory and flush them once a second, at /metrics and at worker exit
+    (metric_values.py)."""
     path = tempfile.mkdtemp(prefix="gpu-stack-metrics-")
     os.environ[MULTIPROC_ENV] = path
-    prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call,unused-ignore]
+    prometheus_values.ValueClass = metric_values.buffered_value_class()
     _owned_metrics_dir.append((os.getpid(), path))
     return path
 
@@ -126,6 +129,11 @@ def child_exit(server: Any, worker: Any) -> None:
     for owner, path in _owned_metrics_dir:
         if owner == os.getpid():
             multiprocess.mark_process_dead(worker.pid, path)  # type: ignore[no-untyped-call,unused-ignore]
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook (the exiting worker): write the increments not flushed yet to its metrics file."""
+    metric_values.flush_all()
 
 
 def on_exit(server: Any) -> None:
@@ -189,6 +197,7 @@ def settings(options: ServeOptions) -> dict[str, Any]:
         "logconfig_dict": logging_config(options.log_level.upper()),
         "loglevel": options.log_level,
         "child_exit": child_exit,
+        "worker_exit": worker_exit,
         # A per-request deadline so slow clients cannot pin every gthread thread (slowclients.py).
         "post_worker_init": slowclients.deadlines_hook(options.request_timeout),
         "on_exit": on_exit,

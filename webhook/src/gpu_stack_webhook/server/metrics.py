@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
@@ -13,6 +13,7 @@ from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply
 from gpu_stack_webhook.admission.review import AdmissionRequest
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS
+from gpu_stack_webhook.server import metric_values
 
 # Sub-millisecond policy evaluation up to the apiserver's patience (timeoutSeconds is at most 30 s).
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -39,7 +40,15 @@ class Metrics:
 
     multiprocess_dir: str | None = None
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
-    _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
+    # Bound methods of the label children, looked up once per label set (label values are bounded):
+    # (endpoint, outcome, kind) -> (reviews inc, duration observe); (endpoint, crashed, denied_by, warned,
+    # mutated) -> the findings incs (a handful of rule combinations occur).
+    _reviews: dict[tuple[Endpoint, str, str], tuple[Callable[[], None], Callable[[float], None]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _findings: dict[tuple[object, ...], tuple[Callable[[], None], ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.reviews = Counter(
@@ -63,22 +72,33 @@ class Metrics:
         )
 
     def record(self, endpoint: Endpoint, reply: Reply, seconds: float) -> None:
-        self._child(self.reviews, endpoint.value, reply.outcome, kind_label(reply.request)).inc()
-        self._child(self.duration, endpoint.value).observe(seconds)
-        if reply.decision is not None:
-            for rule, severity in reply.decision.severities():
-                self._child(self.findings, endpoint.value, rule, severity).inc()
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, looked up once per label set (label values are bounded)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        """Count one answered review: a dict lookup per label set, then increments that stay in memory
+        until the next flush in multiprocess mode (metric_values.py)."""
+        key = (endpoint, reply.outcome, kind_label(reply.request))
+        review = self._reviews.get(key)
+        if review is None:
+            review = self._reviews[key] = (
+                self.reviews.labels(endpoint.value, key[1], key[2]).inc,
+                self.duration.labels(endpoint.value).observe,
+            )
+        count, observe = review
+        count()
+        observe(seconds)
+        decision = reply.decision
+        if decision is not None and (decision.denied_by or decision.warned or decision.mutated or decision.crashed):
+            # Decision.severities() is a function of the rule roles: count them once per combination.
+            roles = (endpoint, decision.crashed, decision.denied_by, decision.warned, decision.mutated)
+            findings = self._findings.get(roles)
+            if findings is None:
+                findings = self._findings[roles] = tuple(
+                    self.findings.labels(endpoint.value, rule, severity).inc for rule, severity in decision.severities()
+                )
+            for count_finding in findings:
+                count_finding()
 
     def render(self) -> bytes:
         if self.multiprocess_dir:
+            metric_values.flush_all()  # this process exactly; the other workers as of their last flush
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call,unused-ignore]
             return generate_latest(registry)
