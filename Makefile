@@ -52,7 +52,7 @@ demo: $(STAMP) helm
 # issue 14's targets per round, py-spy flame graphs into bench/flamegraphs/), then many keep-alive
 # clients (bench/many_clients.py) and pod creates through the make-e2e API server
 # (bench/apiserver_load.py, 3 rounds; --rounds 5 for a sign-off run). Writes BENCHMARKS.md.
-bench: $(STAMP)
+bench: $(STAMP) helm
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md
 	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then assets="$$(hack/envtest-assets.sh)" || exit 1; \

@@ -5,8 +5,9 @@
 
 What runs (all on 127.0.0.1, in a private network namespace when root so the TCP counters are ours):
 
-* the webhook: `gpu-stack-webhook serve --config policy.yaml --cert --key --bind` (gunicorn gthread,
-  TLS with an ECDSA P-256 certificate from certs.py, keep-alive), workers/threads as deployed;
+* the webhook: `gpu-stack-webhook serve --config policy.yaml --cert --key --bind` with the policy the chart
+  renders by default (gunicorn gthread, TLS with an ECDSA P-256 certificate from certs.py, keep-alive),
+  workers/threads as deployed;
 * the baseline: bench/baseline_app.py, a bare WSGI app that parses the body and allows, served by the
   same gunicorn settings (gunicorn_conf.settings) and the same certificate.
 
@@ -45,6 +46,7 @@ import bodies
 import flamegraph
 import profile_summary
 import report
+import yaml
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
@@ -154,6 +156,19 @@ def worker_connections(pid: int, workers: list[int], port: int) -> dict[int, int
                         count += 1
         out[worker] = count
     return out
+
+
+def chart_default_policy() -> str:
+    """The policy the chart serves with its default values (`helm template`, ConfigMap <release>-webhook-policy):
+    what `helm install gpu-stack charts/gpu-stack` runs, e.g. with injectRuntimeClassName: nvidia."""
+    helm = subprocess.run([str(REPO_ROOT / "hack" / "ensure-helm.sh"), "3"], capture_output=True, text=True,
+                          check=True).stdout.strip().splitlines()[-1]
+    rendered = subprocess.run([helm, "template", "gpu-stack", str(REPO_ROOT / "charts" / "gpu-stack")],
+                              capture_output=True, text=True, check=True).stdout
+    for doc in yaml.safe_load_all(rendered):
+        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-webhook-policy"):
+            return str(doc["data"]["policy.yaml"])
+    raise RuntimeError("the chart rendered no webhook policy ConfigMap")
 
 
 def free_port() -> int:
@@ -498,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         write_loopback_pki(tmp)
         policy_file = tmp / "policy.yaml"
-        policy_file.write_text("{}\n")
+        policy_file.write_text(chart_default_policy())
         manifests = {ep: bodies.write_manifest(bodies.mix(ep), tmp / "bodies", ep) for ep in bodies.ENDPOINTS}
         pod3 = {ep: bodies.write_manifest([bodies.gpu_pod_3c(ep)], tmp / "bodies", f"gpu-pod-3c-{ep}")
                 for ep in bodies.ENDPOINTS}
@@ -511,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         sizing = ["--workers", str(args.workers), "--threads", str(args.threads)]
 
         def webhook(config: Path, port: int) -> Server:
-            # The default log level and policy: what `serve` does with no flags beyond the required ones.
+            # The chart's default policy and the default log level: `serve` with no flags beyond the required ones.
             return Server("webhook", [str(VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(config), *tls,
                                       "--bind", f"127.0.0.1:{port}", *sizing],
                           port, tmp / "ca.crt", tmp / "webhook.log", expected_workers=args.workers)

@@ -57,7 +57,8 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     w(f"Same run, rounds alternating baseline / validate / mutate (order reversed every other round); "
       f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
       f"server per round; the body is the recorded GPU pod with 3 containers x 20 env vars (/mutate: with the "
-      f"MPS annotation, so the answer carries a patch); default policy, default log level (info). Connections per "
+      f"MPS annotation, so the answer carries a patch); the chart's default policy (`helm template`, so /mutate "
+      f"also sets runtimeClassName), default log level (info). Connections per "
       f"worker: established sockets in each worker's /proc/PID/fd, sampled mid-round (baseline / validate / mutate).")
     w("")
     w("| round | baseline reviews/s | /validate reviews/s | x baseline | /mutate reviews/s | x baseline | "
