@@ -93,6 +93,11 @@ def allocated_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
     return out
 
 
+def allocates_gpus(pod: PodView, ctx: Context) -> bool:
+    """Does the device plugin allocate a GPU to any container (allocated_gpus is not empty)?"""
+    return any(amount.count is not None and amount.count > 0 for amount in gpu_amounts(pod, ctx))
+
+
 def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
     """A pod that requests any GPU resource in any container, or runs with a GPU runtime class."""
     if pod.spec.get("runtimeClassName") in ctx.config.gpu_runtime_class_names:

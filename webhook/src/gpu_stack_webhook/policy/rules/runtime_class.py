@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, allocated_gpus
+from gpu_stack_webhook.policy.rules.base import Context, allocates_gpus
 
 ID = "GPU008"
 NAME = "gpu-runtime-class"
@@ -23,7 +23,7 @@ NAME = "gpu-runtime-class"
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
     wanted = ctx.config.inject_runtime_class_name
-    if not wanted or not ctx.can_patch or pod.spec.get("runtimeClassName") or not allocated_gpus(pod, ctx):
+    if not wanted or not ctx.can_patch or pod.spec.get("runtimeClassName") or not allocates_gpus(pod, ctx):
         return
     pod.desired.edit(pod.pointer)["runtimeClassName"] = wanted
     yield Finding(
