@@ -36,10 +36,7 @@ class GpuAmount:
     request: Any  # raw values as written, None when absent
     limit: Any
     # What the container will be given: the limit, else the request (None: not a count). Parsed once.
-    count: Decimal | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.count = parse_count(self.limit if self.limit is not None else self.request)
+    count: Decimal | None
 
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
@@ -55,10 +52,12 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
         # Requests first, then limits without a request: each resource once, in the order written.
         for resource, request in requests.items():
             if resource in names or resource.startswith(prefixes):
-                found.append(GpuAmount(container, resource, request, limits.get(resource)))
+                limit = limits.get(resource)
+                found.append(GpuAmount(container, resource, request, limit,
+                                       parse_count(limit if limit is not None else request)))
         for resource, limit in limits.items():
             if resource not in requests and (resource in names or resource.startswith(prefixes)):
-                found.append(GpuAmount(container, resource, None, limit))
+                found.append(GpuAmount(container, resource, None, limit, parse_count(limit)))
     amounts = tuple(found)
     pod.memo[gpu_amounts] = (ctx.sharing, amounts)
     return iter(amounts)
