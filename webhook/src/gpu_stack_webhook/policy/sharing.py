@@ -162,6 +162,11 @@ class SharingIndex:
     def mps_config_names(self) -> frozenset[str]:
         return frozenset(name for name, cfg in self.configs.items() if cfg.uses_mps)
 
+    @cached_property
+    def refuses_more_than_one(self) -> bool:
+        """Does any config fail requests above one for some resource? (Without one, GPU004 has nothing to say.)"""
+        return any(r.fail_requests_greater_than_one for cfg in self.configs.values() for r in cfg.exposed.values())
+
     def _named(self, names: Iterable[str]) -> list[NodeConfig]:
         # A label value naming no config makes the config-manager fall back to the default.
         chosen = {n if n in self.configs else self.default for n in names}

@@ -20,11 +20,12 @@ MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    mig = [amount for amount in gpu_amounts(pod, ctx) if amount.resource.startswith(MIG_PREFIX)]
+    if not mig:
+        return
     candidates = candidate_configs(pod, ctx)
     severity = Severity.DENY if ctx.config.rules.mig_unexposed == "deny" else Severity.WARN
-    for amount in gpu_amounts(pod, ctx):
-        if not amount.resource.startswith(MIG_PREFIX):
-            continue
+    for amount in mig:
         if any(cfg.lookup(amount.resource) for cfg in candidates):
             continue
         strategies = sorted({cfg.mig_strategy for cfg in candidates})

@@ -51,6 +51,8 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
                 values = {str(v) for v in expr.get("values") or []}
                 if _selects(expr.get("key"), values, wanted, ctx):
                     return f"affinity on {expr.get('key')}"
+    if not ctx.sharing.mps_config_names:  # no config shares anything through MPS
+        return None
     candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         # Every config that exposes the resource shares it through MPS.

@@ -20,6 +20,8 @@ MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+    if not ctx.sharing.refuses_more_than_one:  # the configs the pod could land on are some of these
+        return
     candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         count = amount.count
