@@ -614,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.json:
-        args.json.write_text(json.dumps(results, default=lambda o: o.__dict__, indent=1))
+        args.json.write_text(json.dumps(results, default=lambda o: str(o) if isinstance(o, Path) else o.__dict__,
+                                        indent=1))
     return 0
 
 
