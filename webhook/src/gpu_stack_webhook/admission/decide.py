@@ -85,7 +85,7 @@ def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
         return ALLOWED
     denials = evaluation.denials
     if endpoint is Endpoint.MUTATE:
-        if any(f.deny_early for f in denials):
+        if denials and any(f.deny_early for f in denials):
             return _deny(denials)
         changes = [f for f in evaluation.findings if (f.changed or f.on_mutate) and f.severity is Severity.WARN]
         return Decision(

@@ -153,3 +153,7 @@ def _reducible(src: Any, dst: Any) -> bool:
 
 
 _ABSENT: Any = object()
+
+
+# The desired pod of every review that cannot be patched: it refuses edits, so one serves them all.
+READ_ONLY = DesiredPod({})

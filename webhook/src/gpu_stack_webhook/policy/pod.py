@@ -9,7 +9,7 @@ from typing import Any
 
 from jsonpointer import escape as escape_pointer_token
 
-from gpu_stack_webhook.policy.desired import DesiredPod
+from gpu_stack_webhook.policy.desired import READ_ONLY, DesiredPod
 from gpu_stack_webhook.policy.quantity import parse_quantity
 
 # (field in the pod spec, how a user calls it)
@@ -108,7 +108,7 @@ class ContainerRef:
         return f'{self.kind} "{self.name}"'
 
 
-@dataclass
+@dataclass(slots=True)
 class PodView:
     """The pod spec and metadata of an object, with the paths to reach them."""
 
@@ -143,7 +143,8 @@ class PodView:
         for key in meta_path:
             meta = _mapping(meta).get(key)
         path, pointer, metadata_path = _PATHS[kind]
-        return cls(kind, _mapping(meta), spec, path, pointer, metadata_path, {}, DesiredPod(obj, writable=patchable))
+        desired = DesiredPod(obj, writable=True) if patchable else READ_ONLY
+        return cls(kind, _mapping(meta), spec, path, pointer, metadata_path, {}, desired)
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
