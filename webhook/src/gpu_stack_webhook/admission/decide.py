@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from gpu_stack_webhook.admission.review import WEBHOOK_FAILURE, AdmissionRequest, Decision
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
-from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.findings import Finding
 from gpu_stack_webhook.policy.pod import NotAPodError
 
 
@@ -87,10 +87,10 @@ def _decide(evaluation: Evaluation, endpoint: Endpoint) -> Decision:
     if endpoint is Endpoint.MUTATE:
         if denials and any(f.deny_early for f in denials):
             return _deny(denials)
-        changes = [f for f in evaluation.findings if (f.changed or f.on_mutate) and f.severity is Severity.WARN]
+        changes = [f for f in evaluation.warnings if f.changed or f.on_mutate]
         return Decision(
             allowed=True,
-            warnings=tuple([f"gpu-stack {f.rule_id}: {f.message}" for f in changes]),  # warning_text, inlined
+            warnings=tuple(warning_text(f) for f in changes),
             patch=evaluation.patch,
             mutated=_rule_ids(changes),
         )

@@ -154,7 +154,7 @@ def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[s
         code = decision.code if decision.code in REASONS else 403
         response["status"] = {"code": code, "reason": REASONS[code], "message": decision.message}
     if decision.warnings:
-        response["warnings"] = [w if len(w) <= MAX_WARNING_CHARS else short_warning(w) for w in decision.warnings]
+        response["warnings"] = [short_warning(w) for w in decision.warnings]
     if allow_patch and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(

@@ -121,7 +121,7 @@ class PodView:
     # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
-    desired: DesiredPod = field(default_factory=lambda: DesiredPod({}), compare=False, repr=False)
+    desired: DesiredPod = field(default=READ_ONLY, compare=False, repr=False)
     # Built on the first containers() call (not a cached_property: its lock costs more than the build).
     _containers: tuple[ContainerRef, ...] | None = field(default=None, init=False, compare=False, repr=False)
 

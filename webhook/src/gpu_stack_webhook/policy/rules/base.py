@@ -38,6 +38,11 @@ class GpuAmount:
     # What the container will be given: the limit, else the request (None: not a count). Parsed once.
     count: Decimal | None
 
+    @property
+    def allocated(self) -> bool:
+        """The device plugin allocates this resource to the container: a count above 0."""
+        return self.count is not None and self.count > 0
+
 
 def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     """Every GPU resource named in any container's requests or limits."""
@@ -45,18 +50,18 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     memo: tuple[SharingIndex, tuple[GpuAmount, ...]] | None = pod.memo.get(gpu_amounts)
     if memo is not None and memo[0] is ctx.sharing:
         return iter(memo[1])
-    names, prefixes = ctx.sharing.gpu_names, ctx.sharing.gpu_prefixes  # SharingIndex.is_gpu, inlined
+    is_gpu = ctx.sharing.is_gpu
     found = []
     for container in pod.containers():
         requests, limits = container.requests, container.limits
         # Requests first, then limits without a request: each resource once, in the order written.
         for resource, request in requests.items():
-            if resource in names or resource.startswith(prefixes):
+            if is_gpu(resource):
                 limit = limits.get(resource)
                 found.append(GpuAmount(container, resource, request, limit,
                                        parse_count(limit if limit is not None else request)))
         for resource, limit in limits.items():
-            if resource not in requests and (resource in names or resource.startswith(prefixes)):
+            if resource not in requests and is_gpu(resource):
                 found.append(GpuAmount(container, resource, None, limit, parse_count(limit)))
     amounts = tuple(found)
     pod.memo[gpu_amounts] = (ctx.sharing, amounts)
@@ -86,15 +91,14 @@ def allocated_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
     (a count above 0; ephemeral containers cannot have resources, so they never have one)."""
     out: dict[str, list[str]] = {}
     for amount in gpu_amounts(pod, ctx):
-        count = amount.count
-        if count is not None and count > 0:
+        if amount.allocated:
             out.setdefault(amount.container.pointer, []).append(amount.resource)
     return out
 
 
 def allocates_gpus(pod: PodView, ctx: Context) -> bool:
     """Does the device plugin allocate a GPU to any container (allocated_gpus is not empty)?"""
-    return any(amount.count is not None and amount.count > 0 for amount in gpu_amounts(pod, ctx))
+    return any(amount.allocated for amount in gpu_amounts(pod, ctx))
 
 
 def is_gpu_pod(pod: PodView, ctx: Context) -> bool:

@@ -50,7 +50,7 @@ def _names(env: list[Any], name: str) -> bool:
     loop, in C (map with itemgetter) unless an entry is no object or has no name."""
     try:
         return name in map(_NAME, env)
-    except (KeyError, TypeError, IndexError):
+    except (KeyError, TypeError):
         return name in [entry.get("name") for entry in env if isinstance(entry, dict)]
 
 
