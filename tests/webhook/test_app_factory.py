@@ -14,7 +14,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 from gpu_stack_webhook.admission import pipeline
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
-from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
@@ -279,14 +278,14 @@ def test_a_crashing_rule_allows_on_mutate_with_a_warning_and_no_patch() -> None:
     assert any("GPU999" in w for w in response["warnings"])
 
 
-def _explode(self: Policy, *args: Any) -> Any:
+def _explode(*args: Any) -> Any:
     raise RuntimeError("unexpected failure outside the rules, with a secret detail")
 
 
 def test_unexpected_error_after_parsing_fails_closed_on_validate(
     client: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Policy, "evaluate", _explode)
+    monkeypatch.setattr(pipeline, "review", _explode)
     reply = post(client, "/validate", review(make_pod(), uid="u-err"))
     assert reply.status_code == 200
     response = reply.get_json()["response"]
@@ -300,7 +299,7 @@ def test_unexpected_error_after_parsing_fails_closed_on_validate(
 def test_unexpected_error_after_parsing_allows_unchanged_on_mutate(
     client: FlaskClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Policy, "evaluate", _explode)
+    monkeypatch.setattr(pipeline, "review", _explode)
     response = post(client, "/mutate", review(requests_only_pod())).get_json()["response"]
     assert response["allowed"] is True
     assert "patch" not in response

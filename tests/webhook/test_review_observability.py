@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from gpu_stack_webhook.admission import pipeline
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import parse_config
@@ -97,7 +98,7 @@ def test_an_unexpected_failure_counts_as_an_error_review_without_a_rule(monkeypa
     def explode(*_: Any, **__: Any) -> Any:
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(Policy, "evaluate", explode)
+    monkeypatch.setattr(pipeline, "review", explode)
     client = make_client()
     assert post(client, "/validate", review(make_pod())).get_json()["response"]["status"]["code"] == 500
     text = client.get("/metrics").get_data(as_text=True)
@@ -157,7 +158,7 @@ def test_a_fail_closed_review_is_an_info_line_naming_the_failure(
     def explode(*_: Any, **__: Any) -> Any:
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(Policy, "evaluate", explode)
+    monkeypatch.setattr(pipeline, "review", explode)
     with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
         post(make_client(), "/mutate", review(make_pod(), uid="u-fail"))
     (line,) = decision_lines(caplog)

@@ -22,10 +22,12 @@ from typing import Any
 import jsonpatch
 import orjson
 from jsonpointer import unescape as unescape_token
+from mypy_extensions import mypyc_attr
 
 from gpu_stack_webhook.policy.findings import JsonPatchOp
 
 
+@mypyc_attr(native_class=False)  # mypyc compiles no subclass of RuntimeError
 class ReadOnlyPodError(RuntimeError):
     """A rule edited the desired pod of a review that cannot be patched (check ctx.can_patch first)."""
 

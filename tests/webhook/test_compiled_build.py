@@ -1,0 +1,62 @@
+"""The review path runs compiled (webhook/setup.py: mypyc), as `make` installs it and the image ships it.
+
+A module dropped from the build, or a build that fell back to plain Python, would still pass every other
+test and only show as a slower webhook in `make bench`; these tests say so at once. Built with
+GPU_STACK_WEBHOOK_PURE_PYTHON=1 (for a debugger or a line profiler) they are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.machinery
+import os
+
+import pytest
+from recordlib import REPO_ROOT
+
+SETUP = REPO_ROOT / "webhook" / "setup.py"
+PACKAGE_ROOT = REPO_ROOT / "webhook" / "src" / "gpu_stack_webhook"
+
+
+def compiled_paths() -> list[str]:
+    """setup.py's COMPILED list, read without running setup()."""
+    for node in ast.parse(SETUP.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "COMPILED" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("webhook/setup.py has no COMPILED list")
+
+
+def module_name(path: str) -> str:
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["gpu_stack_webhook", *parts])
+
+
+pure = pytest.mark.skipif(os.environ.get("GPU_STACK_WEBHOOK_PURE_PYTHON") == "1",
+                          reason="built with GPU_STACK_WEBHOOK_PURE_PYTHON=1")
+
+
+def test_every_compiled_path_is_a_module_of_the_package() -> None:
+    paths = compiled_paths()
+    assert paths and len(set(paths)) == len(paths)
+    assert [p for p in paths if not (PACKAGE_ROOT / p).is_file()] == []
+
+
+@pure
+@pytest.mark.parametrize("path", compiled_paths())
+def test_the_installed_module_is_the_compiled_one(path: str) -> None:
+    module = importlib.import_module(module_name(path))
+    assert module.__file__ is not None
+    assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
+
+
+@pure
+def test_the_rules_and_the_request_path_are_all_compiled() -> None:
+    """Every rule module (a new rule is one file: it must join the build) and every module a review runs."""
+    paths = set(compiled_paths())
+    rules = {f"policy/rules/{p.name}" for p in (PACKAGE_ROOT / "policy" / "rules").glob("*.py")}
+    review_path = {"admission/decide.py", "admission/review.py", "policy/desired.py", "policy/engine.py",
+                   "policy/pod.py", "policy/sharing.py", "server/review_routes.py"}
+    assert sorted((rules | review_path) - paths) == []
