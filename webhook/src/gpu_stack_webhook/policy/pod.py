@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -54,27 +53,21 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-# Plain (not frozen) slotted classes: frozen __init__ is several times slower and these are built per review.
-@dataclass(slots=True)
+# Plain classes with a written __init__, not dataclasses: compiled by mypyc (setup.py) their construction and
+# attribute reads are native, where a dataclass keeps the __init__ the dataclasses module generates in
+# Python. They are built per review, several per container.
 class ContainerRef:
     """One container of the pod spec, with the members every rule reads already looked up (once per
     review, where the containers are collected: the rules read them from the slots)."""
 
-    kind: str  # container | initContainer | ephemeralContainer
-    index: int
-    spec: Mapping[str, Any]
-    field_name: str  # initContainers
-    pod_path: str  # spec
-    pod_pointer: str  # /spec
-    requests: Mapping[str, Any]  # resources.requests ({} when absent or not an object)
-    limits: Mapping[str, Any]
-    env: list[Any]  # [] when absent or not a list
-    env_from: list[Any]
-    security_context: Mapping[str, Any]
+    __slots__ = ("env", "env_from", "field_name", "index", "kind", "limits", "pod_path", "pod_pointer", "requests",
+                 "security_context", "spec")
 
-    @classmethod
-    def of(cls, spec: dict[str, Any], index: int, place: tuple[str, str, str, str]) -> ContainerRef:
+    def __init__(self, spec: dict[str, Any], index: int, place: tuple[str, str, str, str]) -> None:
         """`place`: (kind, field name, pod path, pod pointer), the same for every container of a field."""
+        self.kind, self.field_name, self.pod_path, self.pod_pointer = place  # container, initContainers, spec, /spec
+        self.index = index
+        self.spec: Mapping[str, Any] = spec
         # _mapping and _list inlined: this runs for every container of every review.
         resources = spec.get("resources")
         requests: Mapping[str, Any] = EMPTY
@@ -83,11 +76,15 @@ class ContainerRef:
             found_requests, found_limits = resources.get("requests"), resources.get("limits")
             requests = found_requests if isinstance(found_requests, dict) else EMPTY
             limits = found_limits if isinstance(found_limits, dict) else EMPTY
+        self.requests = requests  # resources.requests ({} when absent or not an object)
+        self.limits = limits
         env, env_from, context = spec.get("env"), spec.get("envFrom"), spec.get("securityContext")
-        kind, field_name, pod_path, pod_pointer = place
-        return cls(kind, index, spec, field_name, pod_path, pod_pointer, requests, limits,
-                   env if isinstance(env, list) else [], env_from if isinstance(env_from, list) else [],
-                   context if isinstance(context, dict) else EMPTY)
+        self.env: list[Any] = env if isinstance(env, list) else []  # [] when absent or not a list
+        self.env_from: list[Any] = env_from if isinstance(env_from, list) else []
+        self.security_context: Mapping[str, Any] = context if isinstance(context, dict) else EMPTY
+
+    def __repr__(self) -> str:
+        return f"ContainerRef({self.path})"
 
     @property
     def path(self) -> str:
@@ -108,22 +105,28 @@ class ContainerRef:
         return f'{self.kind} "{self.name}"'
 
 
-@dataclass(slots=True)
 class PodView:
-    """The pod spec and metadata of an object, with the paths to reach them."""
+    """The pod spec and metadata of an object, with the paths to reach them (a plain class: see ContainerRef)."""
 
-    kind: str
-    metadata: Mapping[str, Any]
-    spec: Mapping[str, Any]
-    path: str  # "spec" or "spec.template.spec"
-    pointer: str  # "/spec" or "/spec/template/spec"
-    metadata_path: str  # "metadata" or "spec.template.metadata"
-    # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
-    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
-    # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
-    desired: DesiredPod = field(default=READ_ONLY, compare=False, repr=False)
-    # Built on the first containers() call (not a cached_property: its lock costs more than the build).
-    _containers: tuple[ContainerRef, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    __slots__ = ("_containers", "desired", "kind", "memo", "metadata", "metadata_path", "path", "pointer", "spec")
+
+    def __init__(self, kind: str, metadata: Mapping[str, Any], spec: Mapping[str, Any],
+                 desired: DesiredPod = READ_ONLY) -> None:
+        """`kind`: one of POD_SPEC_LOCATIONS, whose paths say where `spec` and `metadata` sit."""
+        self.kind = kind
+        self.metadata = metadata
+        self.spec = spec
+        # "spec" or "spec.template.spec", "/spec" or "/spec/template/spec", "metadata" or "spec.template.metadata"
+        self.path, self.pointer, self.metadata_path = _PATHS[kind]
+        # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
+        self.memo: dict[Any, Any] = {}
+        # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
+        self.desired = desired
+        # Built on the first containers() call (not a cached_property: its lock costs more than the build).
+        self._containers: tuple[ContainerRef, ...] | None = None
+
+    def __repr__(self) -> str:
+        return f"PodView({self.kind} at {self.path})"
 
     @property
     def is_template(self) -> bool:
@@ -142,9 +145,7 @@ class PodView:
         meta: Any = obj
         for key in meta_path:
             meta = _mapping(meta).get(key)
-        path, pointer, metadata_path = _PATHS[kind]
-        desired = DesiredPod(obj, writable=True) if patchable else READ_ONLY
-        return cls(kind, _mapping(meta), spec, path, pointer, metadata_path, {}, desired)
+        return PodView(kind, _mapping(meta), spec, DesiredPod(obj, writable=True) if patchable else READ_ONLY)
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
@@ -162,7 +163,7 @@ class PodView:
                 place = (kind, field_name, path, pointer)
                 for index, container in enumerate(items):
                     if isinstance(container, dict):
-                        found.append(ContainerRef.of(container, index, place))
+                        found.append(ContainerRef(container, index, place))
         return tuple(found)
 
     @property
@@ -186,10 +187,18 @@ class PodView:
         return [t for t in _list(required.get("nodeSelectorTerms")) if isinstance(t, dict)]
 
 
+# The counts pods ask for nearly always: Decimals are immutable, so one of each serves every review.
+_SMALL_COUNTS: dict[Any, Decimal] = {spelling: Decimal(n) for n in range(65) for spelling in (str(n), n)}
+
+
 def parse_count(value: Any) -> Decimal | None:
     """A resource quantity as a number ("1", 1, "1000m", "2k"), or None when it is not a quantity."""
     if isinstance(value, bool) or value is None:
         return None
+    if type(value) is str or type(value) is int:
+        small = _SMALL_COUNTS.get(value)
+        if small is not None:
+            return small
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
         return Decimal(value)  # the common spelling, without the general parser
     try:

@@ -29,14 +29,22 @@ class Context:
         return cls(config=config, sharing=SharingIndex(config), can_patch=can_patch)
 
 
-@dataclass(slots=True)
 class GpuAmount:
-    container: ContainerRef
-    resource: str
-    request: Any  # raw values as written, None when absent
-    limit: Any
-    # What the container will be given: the limit, else the request (None: not a count). Parsed once.
-    count: Decimal | None
+    """One GPU resource of one container (a plain class, built per review: see pod.ContainerRef)."""
+
+    __slots__ = ("container", "count", "limit", "request", "resource")
+
+    def __init__(self, container: ContainerRef, resource: str, request: Any, limit: Any,
+                 count: Decimal | None) -> None:
+        self.container = container
+        self.resource = resource
+        self.request = request  # raw values as written, None when absent
+        self.limit = limit
+        # What the container will be given: the limit, else the request (None: not a count). Parsed once.
+        self.count = count
+
+    def __repr__(self) -> str:
+        return f"GpuAmount({self.container.path} {self.resource}: {self.request!r}/{self.limit!r})"
 
     @property
     def allocated(self) -> bool:
