@@ -24,19 +24,31 @@ class BadReview(ValueError):
     """The body is not an admission.k8s.io/v1 AdmissionReview request we can answer."""
 
 
-# NamedTuples, not frozen dataclasses: as immutable, and several times cheaper to build (one of each per review).
-class AdmissionRequest(NamedTuple):
-    uid: str
-    group: str
-    version: str
-    kind: str
-    operation: str
-    namespace: str
-    name: str
-    sub_resource: str
-    object: Mapping[str, Any] | None
-    old_object: Mapping[str, Any] | None
-    dry_run: bool
+class AdmissionRequest:
+    """The fields of an AdmissionReview request we read, built once per review by parse_review and not
+    modified after. A plain slotted class: compiled (webhook/setup.py), building it and reading its fields
+    are native, where a NamedTuple's __new__ is generated Python and its fields are read through descriptors."""
+
+    __slots__ = ("dry_run", "group", "kind", "name", "namespace", "object", "old_object", "operation",
+                 "sub_resource", "uid", "version")
+
+    def __init__(self, *, uid: str, group: str, version: str, kind: str, operation: str, namespace: str,
+                 name: str, sub_resource: str, object: Mapping[str, Any] | None,
+                 old_object: Mapping[str, Any] | None, dry_run: bool) -> None:
+        self.uid = uid
+        self.group = group
+        self.version = version
+        self.kind = kind
+        self.operation = operation
+        self.namespace = namespace
+        self.name = name
+        self.sub_resource = sub_resource
+        self.object = object
+        self.old_object = old_object
+        self.dry_run = dry_run
+
+    def __repr__(self) -> str:
+        return f"AdmissionRequest({self.uid} {self.operation} {self.group or 'core'}/{self.kind} {self.display_name})"
 
     @property
     def display_name(self) -> str:
@@ -131,9 +143,10 @@ def parse_review(body: Any) -> AdmissionRequest:
         if value is not None and not isinstance(value, dict):
             raise BadReview(f"request.{key} must be an object or null")
     get = request.get
-    return AdmissionRequest(uid, _text(kind.get("group")), _text(kind.get("version")), kind["kind"], operation,
-                            _text(get("namespace")), _text(get("name")), _text(get("subResource")), obj, old,
-                            bool(get("dryRun")))
+    return AdmissionRequest(uid=uid, group=_text(kind.get("group")), version=_text(kind.get("version")),
+                            kind=kind["kind"], operation=operation, namespace=_text(get("namespace")),
+                            name=_text(get("name")), sub_resource=_text(get("subResource")), object=obj,
+                            old_object=old, dry_run=bool(get("dryRun")))
 
 
 def _text(value: Any) -> str:
