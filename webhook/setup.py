@@ -17,6 +17,7 @@ from setuptools import setup
 # Paths under src/gpu_stack_webhook/. Not policy/config.py: its pydantic models are Python classes.
 COMPILED = [
     "admission/decide.py",
+    "admission/pipeline.py",
     "admission/review.py",
     "policy/desired.py",
     "policy/engine.py",
@@ -35,6 +36,7 @@ COMPILED = [
     "policy/rules/shared_requests.py",
     "policy/rules/visible_devices.py",
     "server/decision_log.py",
+    "server/reloader.py",
     "server/review_routes.py",
 ]
 

@@ -13,7 +13,9 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from gpu_stack_webhook.admission import pipeline
+from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
@@ -278,15 +280,17 @@ def test_a_crashing_rule_allows_on_mutate_with_a_warning_and_no_patch() -> None:
     assert any("GPU999" in w for w in response["warnings"])
 
 
-def _explode(*args: Any) -> Any:
-    raise RuntimeError("unexpected failure outside the rules, with a secret detail")
+class FailingLookups:
+    """Cluster lookups whose adapter fails outside any rule (Policy.evaluate asks `online` before the
+    rules run): an unexpected failure once the uid is known."""
+
+    @property
+    def online(self) -> bool:
+        raise RuntimeError("unexpected failure outside the rules, with a secret detail")
 
 
-def test_unexpected_error_after_parsing_fails_closed_on_validate(
-    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pipeline, "review", _explode)
-    reply = post(client, "/validate", review(make_pod(), uid="u-err"))
+def test_unexpected_error_after_parsing_fails_closed_on_validate() -> None:
+    reply = post(make_client(facts=FailingLookups()), "/validate", review(make_pod(), uid="u-err"))
     assert reply.status_code == 200
     response = reply.get_json()["response"]
     assert response["uid"] == "u-err"
@@ -296,27 +300,30 @@ def test_unexpected_error_after_parsing_fails_closed_on_validate(
     assert "secret detail" not in reply.get_data(as_text=True)
 
 
-def test_unexpected_error_after_parsing_allows_unchanged_on_mutate(
-    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pipeline, "review", _explode)
-    response = post(client, "/mutate", review(requests_only_pod())).get_json()["response"]
+def test_unexpected_error_after_parsing_allows_unchanged_on_mutate() -> None:
+    response = post(make_client(facts=FailingLookups()), "/mutate", review(requests_only_pod())).get_json()["response"]
     assert response["allowed"] is True
     assert "patch" not in response
     assert response["warnings"] == ["gpu-stack: internal error; the object was not mutated"]
 
 
-def test_unexpected_error_before_the_uid_is_known_is_a_json_500(
-    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(body: Any) -> Any:
+class Exploding:
+    """A value that fails when compared: a bug in reading the envelope, before the uid is known (`check`
+    hands answer_document whatever it read)."""
+
+    def __eq__(self, other: object) -> bool:
         raise RuntimeError("parser bug")
 
-    monkeypatch.setattr(pipeline, "parse_review", broken)
-    reply = post(client, "/validate", _valid())
-    assert reply.status_code == 500
-    assert reply.content_type == "application/json"
-    assert reply.get_json() == {"error": "internal error"}
+    __ne__ = __eq__  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_unexpected_error_before_the_uid_is_known_is_a_json_500() -> None:
+    document = {**_valid(), "apiVersion": Exploding()}
+    reply = pipeline.answer_document(Endpoint.VALIDATE, document, Policy(parse_config({})))
+    assert (reply.status, reply.body, reply.request, reply.decision) == (500, b'{"error":"internal error"}', None, None)
+    assert dict(reply.headers)["Content-Type"] == "application/json"
+    assert reply.error == "RuntimeError: parser bug"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from gpu_stack_webhook.admission import pipeline
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.policy.config import parse_config
@@ -94,12 +93,16 @@ def test_findings_are_counted_by_the_role_each_rule_played() -> None:
     assert findings(crashing) == {("validate", "GPU999", "error"): 1}  # the crash replaces the verdict
 
 
-def test_an_unexpected_failure_counts_as_an_error_review_without_a_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    def explode(*_: Any, **__: Any) -> Any:
+class FailingLookups:
+    """Cluster lookups whose adapter fails outside any rule (Policy.evaluate asks `online` first)."""
+
+    @property
+    def online(self) -> bool:
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(pipeline, "review", explode)
-    client = make_client()
+
+def test_an_unexpected_failure_counts_as_an_error_review_without_a_rule() -> None:
+    client = make_client(facts=FailingLookups())
     assert post(client, "/validate", review(make_pod())).get_json()["response"]["status"]["code"] == 500
     text = client.get("/metrics").get_data(as_text=True)
     assert 'gpu_stack_admission_reviews_total{decision="error",endpoint="validate",kind="Pod"} 1.0' in text
@@ -152,15 +155,9 @@ def test_allowed_unchanged_and_skipped_reviews_are_debug_lines(caplog: pytest.Lo
         (logging.DEBUG, "u-allowed", "allowed"), (logging.DEBUG, "u-skipped", "skipped")]
 
 
-def test_a_fail_closed_review_is_an_info_line_naming_the_failure(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    def explode(*_: Any, **__: Any) -> Any:
-        raise RuntimeError("unexpected")
-
-    monkeypatch.setattr(pipeline, "review", explode)
+def test_a_fail_closed_review_is_an_info_line_naming_the_failure(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
-        post(make_client(), "/mutate", review(make_pod(), uid="u-fail"))
+        post(make_client(facts=FailingLookups()), "/mutate", review(make_pod(), uid="u-fail"))
     (line,) = decision_lines(caplog)
     assert (line.uid, line.decision, line.allowed, line.crashed, line.error) == (  # type: ignore[attr-defined]
         "u-fail", "error", True, "webhook", "RuntimeError: unexpected")

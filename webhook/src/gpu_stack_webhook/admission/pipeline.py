@@ -107,19 +107,20 @@ def answer_document(endpoint: Endpoint, document: Any, policy: Policy) -> Reply:
     YAML, which may hold what JSON cannot carry (`.inf`) and must still be judged, not turned into null."""
     try:
         request = parse_review(document)
-    except BadReview as exc:
-        return error_reply(400, str(exc))
-    except Exception as exc:  # a parser bug: no uid to answer with
+    # One name per exception type: compiled (webhook/setup.py), a name keeps the type of its first binding.
+    except BadReview as bad:
+        return error_reply(400, str(bad))
+    except Exception as bug:  # a parser bug: no uid to answer with
         log.exception("unexpected error reading a review for %s", endpoint.value)
-        return error_reply(500, "internal error", f"{type(exc).__name__}: {exc}")
+        return error_reply(500, "internal error", f"{type(bug).__name__}: {bug}")
     allow_patch = endpoint is Endpoint.MUTATE
     try:
         decision = review(policy, request, endpoint)
         body = orjson.dumps(build_response(request.uid, decision, allow_patch=allow_patch))
         error = ""
-    except Exception as exc:  # once the uid is known every failure is a fail-closed decision
+    except Exception as failure:  # once the uid is known every failure is a fail-closed decision
         log.exception("unexpected error reviewing %s %s", endpoint.value, request.uid)
         decision = internal_error(endpoint)
         body = orjson.dumps(build_response(request.uid, decision, allow_patch=allow_patch))
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(failure).__name__}: {failure}"
     return Reply(200, body, request, decision, error)

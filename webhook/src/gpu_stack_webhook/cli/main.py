@@ -30,7 +30,6 @@ from typing import IO, Any
 import jsonpatch
 import orjson
 import yaml
-from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from gpu_stack_webhook.admission.decide import Endpoint
@@ -42,6 +41,7 @@ from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_conf
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server import cluster, gunicorn_conf
 from gpu_stack_webhook.server.app import AppConfig, create_app
+from gpu_stack_webhook.server.review_routes import WsgiApp
 from gpu_stack_webhook.settings import load_settings
 
 PROG = "gpu-stack-webhook"
@@ -109,8 +109,10 @@ def serve(args: argparse.Namespace) -> int:
                 for name, value in {**gunicorn_conf.settings(options), **prepared.gunicorn_settings}.items():
                     self.cfg.set(name, value)
 
-            def load(self) -> Flask:
-                return create_app(app_config)
+            def load(self) -> WsgiApp:
+                # The review routes' dispatch itself (Flask's __call__ only hands every request to it): one
+                # interpreted call less per review; everything else still goes on to the Flask app.
+                return create_app(app_config).wsgi_app
 
         WebhookServer(prog=PROG).run()
     finally:

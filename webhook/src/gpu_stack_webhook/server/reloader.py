@@ -95,9 +95,9 @@ class ReloadingPolicy:
                 extra={"policy": self.path, "error": str(exc), "event": "policy-reload-failed"},
             )
             return
-        except Exception as exc:  # a bug must not take the serving policy down with it
+        except Exception as bug:  # a bug must not take the serving policy down with it
             log.exception("policy reload failed; keeping the last good policy",
-                          extra={"policy": self.path, "error": f"{type(exc).__name__}: {exc}",
+                          extra={"policy": self.path, "error": f"{type(bug).__name__}: {bug}",
                                  "event": "policy-reload-failed"})
             return
         self._current = policy
