@@ -138,3 +138,25 @@ def test_a_forked_worker_counts_into_its_own_file_and_not_the_masters_pending(
     assert counts(in_files_of(metrics_dir, child)) == (3, 3, 3)
     assert counts(rendered(metrics)) == (8, 8, 8)  # the parent's 5 once, the child's 3
     assert counts(in_files_of(metrics_dir, os.getpid())) == (5, 5, 5)
+
+
+def test_a_recorded_review_is_what_inc_and_observe_would_have_counted() -> None:
+    """Metrics.record updates the label children's values directly (metrics._review_recorder): the same
+    samples as prometheus_client's own Counter.inc() and Histogram.observe(), on a bound and beyond the last.
+    (In-memory values: in multiprocess mode both registries would share one file's entries.)"""
+    seconds = [0.0, 0.0004, 0.0005, 0.0051, 1.0, 2.5, 9.0]
+    reply = Reply(200, b"", None, None)
+    ours = Metrics()
+    theirs = Metrics()
+    for s in seconds:
+        ours.record(Endpoint.VALIDATE, reply, s)
+        theirs.reviews.labels("validate", "error", "unknown").inc()
+        theirs.duration.labels("validate").observe(s)
+
+    def samples(m: Metrics) -> list[tuple[str, dict[str, str], float]]:
+        return sorted(((s.name, s.labels, s.value) for family in m.registry.collect() for s in family.samples
+                       if not s.name.endswith("_created")), key=repr)
+
+    assert samples(ours) == samples(theirs)
+    bucket = ("gpu_stack_admission_duration_seconds_bucket", {"endpoint": "validate", "le": "0.0005"}, 3.0)
+    assert bucket in samples(ours)
