@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import orjson
 
@@ -65,23 +65,33 @@ Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
 WEBHOOK_FAILURE = "webhook"
 
 
-class Decision(NamedTuple):
+class Decision:
     """The verdict on one request, structured: the response, the audit annotations, the metrics and the
-    decision log are all derived from these fields (never from each other's text)."""
+    decision log are all derived from these fields (never from each other's text). Not modified once
+    built (a plain slotted class, like AdmissionRequest)."""
 
-    allowed: bool
-    code: int = 200
-    message: str = ""
-    warnings: tuple[str, ...] = ()
-    patch: tuple[JsonPatchOp, ...] = ()
-    # Rule IDs by role: the denials, the warnings (/validate), the changes and their notes (/mutate).
-    denied_by: tuple[str, ...] = ()
-    warned: tuple[str, ...] = ()
-    mutated: tuple[str, ...] = ()
-    # The rule that raised (or WEBHOOK_FAILURE): the answer is the fail-closed one.
-    crashed: str = ""
-    # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
-    skipped: str = ""
+    __slots__ = ("allowed", "code", "crashed", "denied_by", "message", "mutated", "patch", "skipped", "warned",
+                 "warnings")
+
+    def __init__(self, allowed: bool, *, code: int = 200, message: str = "", warnings: tuple[str, ...] = (),
+                 patch: tuple[JsonPatchOp, ...] = (), denied_by: tuple[str, ...] = (), warned: tuple[str, ...] = (),
+                 mutated: tuple[str, ...] = (), crashed: str = "", skipped: str = "") -> None:
+        self.allowed = allowed
+        self.code = code
+        self.message = message
+        self.warnings = warnings
+        self.patch = patch
+        # Rule IDs by role: the denials, the warnings (/validate), the changes and their notes (/mutate).
+        self.denied_by = denied_by
+        self.warned = warned
+        self.mutated = mutated
+        # The rule that raised (or WEBHOOK_FAILURE): the answer is the fail-closed one.
+        self.crashed = crashed
+        # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
+        self.skipped = skipped
+
+    def __repr__(self) -> str:
+        return f"Decision({self.outcome}, code={self.code}, rules={self.rules})"
 
     @property
     def outcome(self) -> Outcome:
