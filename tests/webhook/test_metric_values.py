@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply, answer
+from gpu_stack_webhook.admission.review import Decision
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server import gunicorn_conf, metric_values
@@ -145,13 +146,18 @@ def test_a_recorded_review_is_what_inc_and_observe_would_have_counted() -> None:
     samples as prometheus_client's own Counter.inc() and Histogram.observe(), on a bound and beyond the last.
     (In-memory values: in multiprocess mode both registries would share one file's entries.)"""
     seconds = [0.0, 0.0004, 0.0005, 0.0051, 1.0, 2.5, 9.0]
-    reply = Reply(200, b"", None, None)
+    denied = Decision(False, code=403, message="m", denied_by=("GPU002",), warned=("GPU003",))
     ours = Metrics()
     theirs = Metrics()
     for s in seconds:
-        ours.record(Endpoint.VALIDATE, reply, s)
+        ours.record(Endpoint.VALIDATE, Reply(200, b"", None, None), s)
         theirs.reviews.labels("validate", "error", "unknown").inc()
         theirs.duration.labels("validate").observe(s)
+    ours.record(Endpoint.VALIDATE, Reply(200, b"", None, denied), 0.002)
+    theirs.reviews.labels("validate", "denied", "unknown").inc()
+    theirs.duration.labels("validate").observe(0.002)
+    theirs.findings.labels("validate", "GPU002", "deny").inc()
+    theirs.findings.labels("validate", "GPU003", "warn").inc()
 
     def samples(m: Metrics) -> list[tuple[str, dict[str, str], float]]:
         return sorted(((s.name, s.labels, s.value) for family in m.registry.collect() for s in family.samples

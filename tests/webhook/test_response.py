@@ -314,3 +314,13 @@ def test_fixtures_dir_points_at_the_shared_recordings() -> None:
     if not FIXTURES.is_dir():
         pytest.skip(f"{FIXTURES} absent")
     assert (FIXTURES / "README.md").read_text(encoding="utf-8").startswith("# apiserver-v1.36 fixtures")
+
+
+def test_each_patch_is_encoded_as_itself_when_patches_alternate() -> None:
+    """build_response remembers the last patch it encoded (by identity): alternating patches, and an equal
+    patch that is another object, are each encoded from their own operations."""
+    first = ({"op": "add", "path": "/spec/hostIPC", "value": True},)
+    second = ({"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"},)
+    for patch in (first, second, first, tuple(dict(op) for op in second), first):
+        encoded = body(Decision(allowed=True, patch=patch), allow_patch=True)["response"]["patch"]
+        assert json.loads(base64.b64decode(encoded)) == list(patch)

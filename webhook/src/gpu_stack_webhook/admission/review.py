@@ -169,6 +169,30 @@ def short_warning(text: str) -> str:
     return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 1] + "…"
 
 
+class _LastPatch:
+    """The last patch encoded, by identity: the pods of one workload get the very same operations from the
+    engine's diff memo (policy/desired.py), so consecutive reviews mostly send the same encoded patch."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        # (patch, its encoding) in one tuple, read and replaced whole, so a thread never pairs one
+        # patch with another's encoding; holding the patch keeps its id from being reused.
+        self.last: tuple[tuple[JsonPatchOp, ...], str] = ((), "")
+
+    def encoded(self, patch: tuple[JsonPatchOp, ...]) -> str:
+        """The JSONPatch as the response carries it: base64 of its JSON."""
+        last_patch, last_encoded = self.last
+        if last_patch is patch:
+            return last_encoded
+        encoded = base64.b64encode(orjson.dumps(list(patch))).decode()
+        self.last = (patch, encoded)
+        return encoded
+
+
+_encoded_patches = _LastPatch()
+
+
 def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[str, Any]:
     """The AdmissionReview response: uid, apiVersion and kind echoed; status on denial; patch only
     when `allow_patch` (the mutating endpoint) and the object is allowed."""
@@ -180,9 +204,7 @@ def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[s
         response["warnings"] = [short_warning(w) for w in decision.warnings]
     if allow_patch and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(
-            orjson.dumps(list(decision.patch))
-        ).decode()
+        response["patch"] = _encoded_patches.encoded(decision.patch)
     audit = decision.audit
     if audit:
         response["auditAnnotations"] = audit

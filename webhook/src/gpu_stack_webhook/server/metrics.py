@@ -34,6 +34,12 @@ def kind_label(request: AdmissionRequest | None) -> str:
     return request.kind if (request.group, request.kind) in JUDGED_KINDS else "other"
 
 
+def _counter_increment(child: Counter) -> Callable[[float], None]:
+    """`inc(amount)` of a label child: its value's own (see _review_recorder), else the public `Counter.inc`."""
+    value = getattr(child, "_value", None)
+    return value.inc if value is not None else child.inc
+
+
 def _review_recorder(count: Counter, duration: Histogram) -> Callable[[float], None]:
     """Count one review and observe its duration, given the two label children of its label set.
 
@@ -41,14 +47,15 @@ def _review_recorder(count: Counter, duration: Histogram) -> Callable[[float], N
     `_buckets`, what `Counter.inc(1)` and `Histogram.observe(s)` update after checks that cannot fail
     here: a label child, a positive count): three increments instead of nine interpreted calls per review.
     Where the pinned prometheus_client does not have them, the public calls."""
+    review_count = _counter_increment(count)
     try:
-        review_count, duration_sum = count._value.inc, duration._sum.inc
+        duration_sum = duration._sum.inc
         bounds, buckets = list(duration._upper_bounds), [bucket.inc for bucket in duration._buckets]
     except AttributeError:
-        count_review, observe = count.inc, duration.observe
+        observe = duration.observe
 
         def record_public(seconds: float) -> None:
-            count_review()
+            review_count(1)
             observe(seconds)
 
         return record_public
@@ -76,7 +83,7 @@ class Metrics:
     _reviews: dict[tuple[Endpoint, str, str], Callable[[float], None]] = field(
         default_factory=dict, init=False, repr=False
     )
-    _findings: dict[tuple[object, ...], tuple[Callable[[], None], ...]] = field(
+    _findings: dict[tuple[object, ...], tuple[Callable[[float], None], ...]] = field(
         default_factory=dict, init=False, repr=False
     )
 
@@ -118,10 +125,11 @@ class Metrics:
             findings = self._findings.get(roles)
             if findings is None:
                 findings = self._findings[roles] = tuple(
-                    self.findings.labels(endpoint.value, rule, severity).inc for rule, severity in decision.severities()
+                    _counter_increment(self.findings.labels(endpoint.value, rule, severity))
+                    for rule, severity in decision.severities()
                 )
             for count_finding in findings:
-                count_finding()
+                count_finding(1)
 
     def render(self) -> bytes:
         if self.multiprocess_dir:
