@@ -18,7 +18,15 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from recordlib import recorded
-from tls_helpers import Client, Server, client_speaks_tls11, running_server, stop, tls11_client_context
+from tls_helpers import (
+    Client,
+    Server,
+    client_speaks_tls11,
+    running_server,
+    stop,
+    tls11_client_context,
+    wait_for_listening_workers,
+)
 
 LIMIT = 32768  # above every recorded request (the largest is ~14 KiB)
 
@@ -210,6 +218,7 @@ def test_metrics_aggregate_every_worker(tmp_path: Path) -> None:
     reviews = 20
     body = review(make_pod([container("cuda", gpu=1, privileged=True)], namespace="metrics-test"))
     with running_server(tmp_path) as server:  # its own server: every count below is this test's
+        wait_for_listening_workers(server, 2)  # healthy means one worker answered: the other may not listen yet
         for _ in range(reviews):
             c = server.client()
             assert response_of(c.post_json("/validate", body))["allowed"] is False

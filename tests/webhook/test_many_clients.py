@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from podlib import container, make_pod, review
 from test_faults import wait_for, worker_pids
-from tls_helpers import Server, client_context, running_server
+from tls_helpers import Server, client_context, running_server, wait_for_listening_workers
 
 POD = make_pod([container("main", gpu=1)])
 SLOTS = 2 * 2  # workers x threads in running_server
@@ -138,6 +138,7 @@ def test_keep_alive_connections_are_spread_over_every_worker(server: Server) -> 
     16 connections the chance that one worker gets none is 2 in 65,536."""
     # An earlier test of this module may have had a worker replaced: wait until both serve again.
     wait_for(lambda: len(worker_pids(server)) == 2 and answered(server)["response"]["allowed"], 30, "two workers")
+    wait_for_listening_workers(server, 2)
     workers = worker_pids(server)
     before = {pid: _socket_inodes(pid) for pid in workers}
     clients = [http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(server.pki),

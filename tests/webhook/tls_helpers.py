@@ -330,3 +330,35 @@ def serving_https(server: http.server.HTTPServer, pki: Pki) -> Iterator[int]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def listening_workers(server: Server) -> set[int]:
+    """The gunicorn workers (children of the `serve` master) that hold a listening socket on the server's
+    port. Each worker opens its own after the fork (SO_REUSEPORT); until it has, the kernel hands every
+    new connection to the others, so a test about the spread over workers waits for this first."""
+    suffix = f":{server.port:04X}"
+    listening: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[1].endswith(suffix) and fields[3] == "0A":  # 0A: LISTEN
+                    listening.add(f"socket:[{fields[9]}]")
+    workers: set[int] = set()
+    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            workers |= {int(p) for p in (task / "children").read_text().split()}
+    found: set[int] = set()
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            if any(fd.readlink().as_posix() in listening for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                found.add(pid)
+    return found
+
+
+def wait_for_listening_workers(server: Server, count: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while len(listening_workers(server)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} workers were not listening after {seconds}s: {listening_workers(server)}")
+        time.sleep(0.05)
