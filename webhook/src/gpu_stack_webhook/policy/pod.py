@@ -145,7 +145,7 @@ class PodView:
         meta: Any = obj
         for key in meta_path:
             meta = _mapping(meta).get(key)
-        return PodView(kind, _mapping(meta), spec, DesiredPod(obj, writable=True) if patchable else READ_ONLY)
+        return cls(kind, _mapping(meta), spec, DesiredPod(obj, writable=True) if patchable else READ_ONLY)
 
     def containers(self) -> Iterator[ContainerRef]:
         """Every container of the three kinds, in spec order."""
@@ -195,12 +195,9 @@ def parse_count(value: Any) -> Decimal | None:
     """A resource quantity as a number ("1", 1, "1000m", "2k"), or None when it is not a quantity."""
     if isinstance(value, bool) or value is None:
         return None
-    if type(value) is str or type(value) is int:
-        small = _SMALL_COUNTS.get(value)
-        if small is not None:
-            return small
     if type(value) is int or (type(value) is str and value.isascii() and value.isdigit()):
-        return Decimal(value)  # the common spelling, without the general parser
+        small = _SMALL_COUNTS.get(value)  # the common spelling, without the general parser
+        return small if small is not None else Decimal(value)
     try:
         parsed = parse_quantity(value)
     except (ValueError, TypeError, ArithmeticError):

@@ -77,9 +77,9 @@ class Metrics:
 
     multiprocess_dir: str | None = None
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
-    # Bound methods of the label children, looked up once per label set (label values are bounded):
-    # (endpoint, outcome, kind) -> (reviews inc, duration observe); (endpoint, crashed, denied_by, warned,
-    # mutated) -> the findings incs (a handful of rule combinations occur).
+    # Looked up once per label set (label values are bounded): (endpoint, outcome, kind) -> the recorder of
+    # a review and its duration; (endpoint, crashed, denied_by, warned, mutated) -> the findings counters'
+    # increments (a handful of rule combinations occur).
     _reviews: dict[tuple[Endpoint, str, str], Callable[[float], None]] = field(
         default_factory=dict, init=False, repr=False
     )
