@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from gpu_stack_webhook.policy.config import DevicePluginConfig, PolicyConfig, ReplicatedResources
@@ -153,19 +152,16 @@ class SharingIndex:
             *(sharing_resource_names(cfg) for cfg in policy.sharing.configs.values())
         )
         self.gpu_prefixes = gpus.prefixes
+        # Read by rules on every review: plain attributes (a cached_property is a generic lookup, compiled).
+        self.mps_config_names = frozenset(name for name, cfg in self.configs.items() if cfg.uses_mps)
+        # Does any config fail requests above one for some resource? (Without one, GPU004 has nothing to say.)
+        self.refuses_more_than_one = any(
+            r.fail_requests_greater_than_one for cfg in self.configs.values() for r in cfg.exposed.values()
+        )
 
     def is_gpu(self, resource: str) -> bool:
         """Is this extended resource a GPU (policy gpuResources, or named in a sharing config)?"""
         return resource in self.gpu_names or resource.startswith(self.gpu_prefixes)
-
-    @cached_property
-    def mps_config_names(self) -> frozenset[str]:
-        return frozenset(name for name, cfg in self.configs.items() if cfg.uses_mps)
-
-    @cached_property
-    def refuses_more_than_one(self) -> bool:
-        """Does any config fail requests above one for some resource? (Without one, GPU004 has nothing to say.)"""
-        return any(r.fail_requests_greater_than_one for cfg in self.configs.values() for r in cfg.exposed.values())
 
     def _named(self, names: Iterable[str]) -> list[NodeConfig]:
         # A label value naming no config makes the config-manager fall back to the default.

@@ -58,18 +58,18 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
     memo: tuple[SharingIndex, tuple[GpuAmount, ...]] | None = pod.memo.get(gpu_amounts)
     if memo is not None and memo[0] is ctx.sharing:
         return iter(memo[1])
-    is_gpu = ctx.sharing.is_gpu
+    sharing = ctx.sharing
     found = []
     for container in pod.containers():
         requests, limits = container.requests, container.limits
         # Requests first, then limits without a request: each resource once, in the order written.
         for resource, request in requests.items():
-            if is_gpu(resource):
+            if sharing.is_gpu(resource):
                 limit = limits.get(resource)
                 found.append(GpuAmount(container, resource, request, limit,
                                        parse_count(limit if limit is not None else request)))
         for resource, limit in limits.items():
-            if resource not in requests and is_gpu(resource):
+            if resource not in requests and sharing.is_gpu(resource):
                 found.append(GpuAmount(container, resource, None, limit, parse_count(limit)))
     amounts = tuple(found)
     pod.memo[gpu_amounts] = (ctx.sharing, amounts)

@@ -11,8 +11,6 @@ at all). Pods that name the class without a GPU are judged as GPU pods by GPU003
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules.base import Context, allocates_gpus
@@ -21,15 +19,15 @@ ID = "GPU008"
 NAME = "gpu-runtime-class"
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
     wanted = ctx.config.inject_runtime_class_name
     if not wanted or not ctx.can_patch or pod.spec.get("runtimeClassName") or not allocates_gpus(pod, ctx):
-        return
+        return []
     pod.desired.edit(pod.pointer)["runtimeClassName"] = wanted
-    yield Finding(
+    return [Finding(
         ID,
         Severity.WARN,
         f"set runtimeClassName {wanted}: GPU pods run under the NVIDIA runtime",
         f"{pod.path}.runtimeClassName",
         changed=True,
-    )
+    )]
