@@ -15,6 +15,7 @@ from mypyc.build import mypycify
 from setuptools import setup
 
 # Paths under src/gpu_stack_webhook/. Not policy/config.py: its pydantic models are Python classes.
+# server/metrics.py and metric_values.py: every review is counted through them.
 COMPILED = [
     "admission/decide.py",
     "admission/pipeline.py",
@@ -36,6 +37,8 @@ COMPILED = [
     "policy/rules/shared_requests.py",
     "policy/rules/visible_devices.py",
     "server/decision_log.py",
+    "server/metric_values.py",
+    "server/metrics.py",
     "server/reloader.py",
     "server/review_routes.py",
 ]

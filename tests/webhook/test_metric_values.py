@@ -142,7 +142,7 @@ def test_a_forked_worker_counts_into_its_own_file_and_not_the_masters_pending(
 
 
 def test_a_recorded_review_is_what_inc_and_observe_would_have_counted() -> None:
-    """Metrics.record updates the label children's values directly (metrics._review_recorder): the same
+    """Metrics.record updates the label children's values directly (metrics.ReviewRecorder): the same
     samples as prometheus_client's own Counter.inc() and Histogram.observe(), on a bound and beyond the last.
     (In-memory values: in multiprocess mode both registries would share one file's entries.)"""
     seconds = [0.0, 0.0004, 0.0005, 0.0051, 1.0, 2.5, 9.0]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import values as prometheus_values
@@ -65,17 +66,14 @@ _process = _Process()
 
 
 class BufferedValue:
-    """A multiprocess value whose increments reach the file at the next flush (module docstring)."""
+    """A multiprocess value whose increments reach the file at the next flush (module docstring).
+    Compiled (webhook/setup.py): `inc` runs several times per review."""
 
     __slots__ = ("_lock", "_pending", "_wrapped")
-    _multiprocess = True
-    # prometheus_client's MmapedValue class this value class wraps (set by `buffered_value_class`).
-    wrapped_class: Any = None
 
-    def __init__(self, *params: Any, **kwargs: Any) -> None:
-        """prometheus_client's value arguments (typ, metric_name, name, labelnames, labelvalues,
-        help_text, for gauges multiprocess_mode), passed to the wrapped value."""
-        self._wrapped = self.wrapped_class(*params, **kwargs)
+    def __init__(self, wrapped: Any) -> None:
+        """`wrapped`: the prometheus_client MmapedValue this value writes through (buffered_value_class)."""
+        self._wrapped = wrapped
         self._pending = 0.0
         self._lock = threading.Lock()
         _process.values.append(self)
@@ -115,15 +113,17 @@ class BufferedValue:
         return self._wrapped.get_exemplar()
 
 
-def buffered_value_class() -> type[BufferedValue]:
-    """A value class for `prometheus_client.values.ValueClass`, writing to $PROMETHEUS_MULTIPROC_DIR
-    through a fresh `MultiProcessValue()` (its own files, as prometheus_client's `get_value_class`)."""
+def buffered_value_class() -> Callable[..., BufferedValue]:
+    """A value class for `prometheus_client.values.ValueClass` (which prometheus_client only calls, with
+    typ, metric_name, name, labelnames, labelvalues, help_text and for gauges multiprocess_mode): buffered
+    values writing to $PROMETHEUS_MULTIPROC_DIR through a fresh `MultiProcessValue()` (its own files, as
+    prometheus_client's `get_value_class`)."""
+    wrapped_class = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call,unused-ignore]
 
-    class BufferedMultiProcessValue(BufferedValue):
-        __slots__ = ()
-        wrapped_class = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call,unused-ignore]
+    def buffered_value(*params: Any, **kwargs: Any) -> BufferedValue:
+        return BufferedValue(wrapped_class(*params, **kwargs))
 
-    return BufferedMultiProcessValue
+    return buffered_value
 
 
 def flush_all() -> None:

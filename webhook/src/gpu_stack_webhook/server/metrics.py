@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
@@ -34,60 +33,62 @@ def kind_label(request: AdmissionRequest | None) -> str:
     return request.kind if (request.group, request.kind) in JUDGED_KINDS else "other"
 
 
-def _counter_increment(child: Counter) -> Callable[[float], None]:
-    """`inc(amount)` of a label child: its value's own (see _review_recorder), else the public `Counter.inc`."""
+Increment = Callable[[float], None]
+
+
+def _counter_increment(child: Counter) -> Increment:
+    """`inc(amount)` of a label child: its value's own (see ReviewRecorder), else the public `Counter.inc`."""
     value = getattr(child, "_value", None)
-    return value.inc if value is not None else child.inc
+    return value.inc if value is not None else child.inc  # type: ignore[no-any-return,unused-ignore]
 
 
-def _review_recorder(count: Counter, duration: Histogram) -> Callable[[float], None]:
-    """Count one review and observe its duration, given the two label children of its label set.
+class ReviewRecorder:
+    """Counts one review and observes its duration, given the two label children of its label set.
 
     Straight on the children's values (prometheus_client's `_value`, `_sum`, `_upper_bounds` and
     `_buckets`, what `Counter.inc(1)` and `Histogram.observe(s)` update after checks that cannot fail
-    here: a label child, a positive count): three increments instead of nine interpreted calls per review.
-    Where the pinned prometheus_client does not have them, the public calls."""
-    review_count = _counter_increment(count)
-    try:
-        duration_sum = duration._sum.inc
-        bounds, buckets = list(duration._upper_bounds), [bucket.inc for bucket in duration._buckets]
-    except AttributeError:
-        observe = duration.observe
+    here: a label child, a positive count): three increments instead of nine calls per review. Where the
+    pinned prometheus_client does not have them, the public calls."""
 
-        def record_public(seconds: float) -> None:
-            review_count(1)
-            observe(seconds)
+    __slots__ = ("bounds", "buckets", "count", "duration", "total")
 
-        return record_public
-    if len(bounds) != len(buckets) or bounds[-1] != float("inf"):
-        raise RuntimeError("prometheus_client histogram buckets are not what _review_recorder expects")
+    def __init__(self, count: Counter, duration: Histogram) -> None:
+        self.count = _counter_increment(count)
+        self.duration = duration
+        try:
+            self.total: Increment | None = duration._sum.inc
+            self.bounds: list[float] = list(duration._upper_bounds)
+            self.buckets: list[Increment] = [bucket.inc for bucket in duration._buckets]
+        except AttributeError:
+            self.total, self.bounds, self.buckets = None, [], []
+            return
+        if len(self.bounds) != len(self.buckets) or self.bounds[-1] != float("inf"):
+            raise RuntimeError("prometheus_client histogram buckets are not what ReviewRecorder expects")
 
-    def record(seconds: float) -> None:
-        review_count(1)
-        duration_sum(seconds)
-        buckets[bisect_left(bounds, seconds)](1)  # the first bucket whose bound is >= seconds, as observe()
+    def __call__(self, seconds: float) -> None:
+        self.count(1)
+        if self.total is None:
+            self.duration.observe(seconds)
+            return
+        self.total(seconds)
+        self.buckets[bisect_left(self.bounds, seconds)](1)  # the first bucket whose bound is >= seconds, as observe()
 
-    return record
 
-
-@dataclass
 class Metrics:
     """The app's metrics on a private registry (so several apps can live in one test process).
-    With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them."""
+    With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them.
+    Compiled (webhook/setup.py) with server/metric_values.py: `record` runs on every review."""
 
-    multiprocess_dir: str | None = None
-    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
-    # Looked up once per label set (label values are bounded): (endpoint, outcome, kind) -> the recorder of
-    # a review and its duration; (endpoint, crashed, denied_by, warned, mutated) -> the findings counters'
-    # increments (a handful of rule combinations occur).
-    _reviews: dict[tuple[Endpoint, str, str], Callable[[float], None]] = field(
-        default_factory=dict, init=False, repr=False
-    )
-    _findings: dict[tuple[object, ...], tuple[Callable[[float], None], ...]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    __slots__ = ("_findings", "_reviews", "duration", "findings", "multiprocess_dir", "registry", "reviews")
 
-    def __post_init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        # Looked up once per label set (label values are bounded): (endpoint, outcome, kind) -> the recorder
+        # of a review and its duration; (endpoint, crashed, denied_by, warned, mutated) -> the findings
+        # counters' increments (a handful of rule combinations occur).
+        self._reviews: dict[tuple[Endpoint, str, str], ReviewRecorder] = {}
+        self._findings: dict[tuple[object, ...], tuple[Increment, ...]] = {}
         self.reviews = Counter(
             "gpu_stack_admission_reviews",
             "Admission requests answered, by endpoint, outcome and object kind.",
@@ -114,7 +115,7 @@ class Metrics:
         key = (endpoint, reply.outcome, kind_label(reply.request))
         review = self._reviews.get(key)
         if review is None:
-            review = self._reviews[key] = _review_recorder(
+            review = self._reviews[key] = ReviewRecorder(
                 self.reviews.labels(endpoint.value, key[1], key[2]), self.duration.labels(endpoint.value)
             )
         review(seconds)
