@@ -8,7 +8,6 @@ message that names the container, the resource, both values and what to do inste
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
@@ -44,7 +43,8 @@ def _fill_limits(pod: PodView, container: ContainerRef, missing: dict[str, objec
 
 
 def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
-    missing_limits: dict[str, dict[str, object]] = defaultdict(dict)
+    # Only a Pod being created with a request and no limit fills these (most reviews never do).
+    missing_limits: dict[str, dict[str, object]] = {}
     containers: dict[str, ContainerRef] = {}
     for amount in gpu_amounts(pod, ctx):
         raw = amount.request
@@ -67,7 +67,7 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             elif request is not None and limit is None:
                 if ctx.can_patch:
                     containers[amount.container.pointer] = amount.container
-                    missing_limits[amount.container.pointer][amount.resource] = amount.request
+                    missing_limits.setdefault(amount.container.pointer, {})[amount.resource] = amount.request
                 else:
                     yield _deny(
                         amount,
@@ -75,5 +75,6 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
                         f"set limits.{amount.resource} to {format_count(request)}",
                         "limits",
                     )
-    for pointer, missing in missing_limits.items():
-        yield _fill_limits(pod, containers[pointer], missing)
+    if missing_limits:
+        for pointer, missing in missing_limits.items():
+            yield _fill_limits(pod, containers[pointer], missing)
