@@ -149,14 +149,14 @@ def parse_review(body: Any) -> AdmissionRequest:
     if not isinstance(operation, str) or operation not in OPERATIONS:  # a list or object is unhashable
         raise BadReview(f"request.operation {operation!r} is not one of {sorted(OPERATIONS)}")
     obj, old = request.get("object"), request.get("oldObject")
-    for key, value in (("object", obj), ("oldObject", old)):
-        if value is not None and not isinstance(value, dict):
-            raise BadReview(f"request.{key} must be an object or null")
-    get = request.get
+    if obj is not None and not isinstance(obj, dict):
+        raise BadReview("request.object must be an object or null")
+    if old is not None and not isinstance(old, dict):
+        raise BadReview("request.oldObject must be an object or null")
     return AdmissionRequest(uid=uid, group=_text(kind.get("group")), version=_text(kind.get("version")),
-                            kind=kind["kind"], operation=operation, namespace=_text(get("namespace")),
-                            name=_text(get("name")), sub_resource=_text(get("subResource")), object=obj,
-                            old_object=old, dry_run=bool(get("dryRun")))
+                            kind=kind["kind"], operation=operation, namespace=_text(request.get("namespace")),
+                            name=_text(request.get("name")), sub_resource=_text(request.get("subResource")),
+                            object=obj, old_object=old, dry_run=bool(request.get("dryRun")))
 
 
 def _text(value: Any) -> str:

@@ -65,7 +65,7 @@ class ReviewRecorder:
         if len(self.bounds) != len(self.buckets) or self.bounds[-1] != float("inf"):
             raise RuntimeError("prometheus_client histogram buckets are not what ReviewRecorder expects")
 
-    def __call__(self, seconds: float) -> None:
+    def observe(self, seconds: float) -> None:
         self.count(1)
         if self.total is None:
             self.duration.observe(seconds)
@@ -118,7 +118,7 @@ class Metrics:
             review = self._reviews[key] = ReviewRecorder(
                 self.reviews.labels(endpoint.value, key[1], key[2]), self.duration.labels(endpoint.value)
             )
-        review(seconds)
+        review.observe(seconds)
         decision = reply.decision
         if decision is not None and (decision.denied_by or decision.warned or decision.mutated or decision.crashed):
             # Decision.severities() is a function of the rule roles: count them once per combination.
