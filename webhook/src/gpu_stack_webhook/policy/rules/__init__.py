@@ -5,7 +5,8 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
 - `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case), and
   a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and the
   exact scope).
-- `check(pod: PodView, ctx: Context) -> Iterable[Finding]`, pure: no I/O, no clock, no Flask, no
+- `check(pod: PodView, ctx: Context) -> Iterable[Finding]` (the rules here return a list: compiled, a
+  list is cheaper to build and read than a generator), pure: no I/O, no clock, no Flask, no
   Kubernetes client (the import contract in `make lint` fails otherwise). Cluster facts come from
   `ctx.facts` when lookups are on. Walk every container with `pod.containers()` (containers,
   initContainers and ephemeralContainers), and the shared helpers of rules/base.py.
@@ -16,7 +17,7 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
   the mutating pass keeps). Leave it out when in doubt: a rule runs on both passes by default.
   tests/property checks the claim over generated pods.
 - What it changes (only when `ctx.can_patch`: a Pod being created, at /mutate): edit the desired pod and
-  yield a WARN Finding with `changed=True` saying what changed. `pod.desired.edit(pointer)` returns this
+  report a WARN Finding with `changed=True` saying what changed. `pod.desired.edit(pointer)` returns this
   review's own copy of the object or array at that JSON pointer (`pod.pointer`, `container.pointer`, plus
   "/member"); set, add or delete its members, or edit a deeper pointer first to change inside one.
   Never modify what `pod` shows (it is the request). The engine makes the JSONPatch with jsonpatch from

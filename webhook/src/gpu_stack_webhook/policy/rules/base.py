@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -52,12 +51,12 @@ class GpuAmount:
         return self.count is not None and self.count > 0
 
 
-def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
+def gpu_amounts(pod: PodView, ctx: Context) -> tuple[GpuAmount, ...]:
     """Every GPU resource named in any container's requests or limits."""
     # Memo entries are (what they depend on, value): several rules ask, on every review.
     memo: tuple[SharingIndex, tuple[GpuAmount, ...]] | None = pod.memo.get(gpu_amounts)
     if memo is not None and memo[0] is ctx.sharing:
-        return iter(memo[1])
+        return memo[1]
     sharing = ctx.sharing
     found = []
     for container in pod.containers():
@@ -73,7 +72,7 @@ def gpu_amounts(pod: PodView, ctx: Context) -> Iterator[GpuAmount]:
                 found.append(GpuAmount(container, resource, None, limit, parse_count(limit)))
     amounts = tuple(found)
     pod.memo[gpu_amounts] = (ctx.sharing, amounts)
-    return iter(amounts)
+    return amounts
 
 
 def candidate_configs(pod: PodView, ctx: Context) -> list[NodeConfig]:
@@ -113,4 +112,4 @@ def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
     """A pod that requests any GPU resource in any container, or runs with a GPU runtime class."""
     if pod.spec.get("runtimeClassName") in ctx.config.gpu_runtime_class_names:
         return True
-    return any(True for _ in gpu_amounts(pod, ctx))
+    return bool(gpu_amounts(pod, ctx))

@@ -9,7 +9,6 @@ on). Either one hands a container GPUs it was never allocated.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
@@ -31,25 +30,27 @@ def _under_device_dir(mount_path: str) -> bool:
     return posixpath.normpath("/" + mount_path.lstrip("/")).startswith(DEVICE_LIST_DIR)
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     for key in pod.annotations:
         if key.startswith(CDI_ANNOTATION_PREFIX):
-            yield Finding(
+            findings.append(Finding(
                 ID,
                 Severity.DENY,
                 f'annotation "{key}" requests CDI devices directly; request nvidia.com/gpu instead',
                 f"{pod.metadata_path}.annotations[{key}]",
-            )
+            ))
     for container in pod.containers():
         for index, mount in enumerate(container.spec.get("volumeMounts") or []):
             if not isinstance(mount, dict):
                 continue
             mount_path = mount.get("mountPath")
             if isinstance(mount_path, str) and DEVICE_LIST_NAME in mount_path and _under_device_dir(mount_path):
-                yield Finding(
+                findings.append(Finding(
                     ID,
                     Severity.DENY,
                     f"{container.label} mounts {mount_path}, which the NVIDIA runtime reads as a GPU "
                     f"device list; mount it elsewhere",
                     f"{container.path}.volumeMounts[{index}]",
-                )
+                ))
+    return findings

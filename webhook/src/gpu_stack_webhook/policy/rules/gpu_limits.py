@@ -8,8 +8,6 @@ message that names the container, the resource, both values and what to do inste
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count
 from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, gpu_amounts
@@ -42,7 +40,8 @@ def _fill_limits(pod: PodView, container: ContainerRef, missing: dict[str, objec
     )
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     # Only a Pod being created with a request and no limit fills these (most reviews never do).
     missing_limits: dict[str, dict[str, object]] = {}
     containers: dict[str, ContainerRef] = {}
@@ -53,28 +52,29 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         request, limit = parse_count(raw), parse_count(amount.limit)
         for raw, value, section in ((amount.request, request, "requests"), (amount.limit, limit, "limits")):
             if raw is not None and (value is None or value != value.to_integral_value() or value < 0):
-                yield _deny(amount, f"{amount.resource} {section[:-1]} {raw!s} is not a whole number; "
-                            f"{FRACTION_HINT}", section)
+                findings.append(_deny(amount, f"{amount.resource} {section[:-1]} {raw!s} is not a whole number; "
+                                      f"{FRACTION_HINT}", section))
                 break
         else:
             if request is not None and limit is not None and request != limit:
-                yield _deny(
+                findings.append(_deny(
                     amount,
                     f"{amount.resource} request {format_count(request)} != limit {format_count(limit)}; "
                     f"set both to the same whole number ({FRACTION_HINT})",
                     "requests",
-                )
+                ))
             elif request is not None and limit is None:
                 if ctx.can_patch:
                     containers[amount.container.pointer] = amount.container
                     missing_limits.setdefault(amount.container.pointer, {})[amount.resource] = amount.request
                 else:
-                    yield _deny(
+                    findings.append(_deny(
                         amount,
                         f"{amount.resource} has request {format_count(request)} but no limit; "
                         f"set limits.{amount.resource} to {format_count(request)}",
                         "limits",
-                    )
+                    ))
     if missing_limits:
         for pointer, missing in missing_limits.items():
-            yield _fill_limits(pod, containers[pointer], missing)
+            findings.append(_fill_limits(pod, containers[pointer], missing))
+    return findings

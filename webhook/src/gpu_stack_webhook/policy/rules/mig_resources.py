@@ -7,8 +7,6 @@ Denied (or warned, by config) when no config the pod could land on exposes the n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
@@ -19,10 +17,11 @@ NAME = "mig-resource-exposed"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     mig = [amount for amount in gpu_amounts(pod, ctx) if amount.resource.startswith(MIG_PREFIX)]
     if not mig:
-        return
+        return findings
     candidates = candidate_configs(pod, ctx)
     severity = Severity.DENY if ctx.config.rules.mig_unexposed == "deny" else Severity.WARN
     for amount in mig:
@@ -30,10 +29,11 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             continue
         strategies = sorted({cfg.mig_strategy for cfg in candidates})
         hint = "use nvidia.com/gpu" if "single" in strategies else "needs migStrategy mixed"
-        yield Finding(
+        findings.append(Finding(
             ID,
             severity,
             f"{amount.container.label}: no node exposes {amount.resource} "
             f"(migStrategy {'/'.join(strategies)}); {hint}",
             f"{amount.container.path}.resources",
-        )
+        ))
+    return findings

@@ -83,20 +83,21 @@ def _tolerated(wanted: dict[str, Any], existing: list[tuple[str, str, str, str]]
     return any(_covers(have, want) for have in existing)
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     reason = mps_reason(pod, ctx)
     if reason is None:
-        return
+        return findings
     mps = ctx.config.mps
     opted_in = reason.startswith("annotation")
     conflict = _selector_conflict(pod, ctx, reason) if opted_in else None
     if conflict:
-        yield conflict
-        return
+        findings.append(conflict)
+        return findings
     wants_host_ipc = mps.inject_host_ipc and pod.spec.get("hostIPC") is not True
     level, unchecked = _pod_security(ctx) if wants_host_ipc else ("", "")
     if level and mps.pod_security_conflict == "deny" and (ctx.can_patch or pod.is_template):
-        yield Finding(
+        findings.append(Finding(
             ID,
             Severity.DENY,
             f'MPS pods ({reason}) get hostIPC, which Pod Security "{level}" enforced in namespace {ctx.namespace} '
@@ -104,35 +105,39 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             f"privileged, or set the webhook policy mps.injectHostIPC=false (NVIDIA MPS does not need hostIPC)",
             f"{pod.path}.hostIPC",
             deny_early=True,
-        )
-        return
+        ))
+        return findings
     if not ctx.can_patch:
         if pod.is_template:
-            yield Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
-        return
+            findings.append(
+                Finding(ID, Severity.WARN, f"MPS pods ({reason}): hostIPC/tolerations get added per pod", pod.path)
+            )
+        return findings
     if wants_host_ipc and level:
-        yield Finding(ID, Severity.WARN, f'hostIPC not added for MPS: namespace enforces Pod Security "{level}"',
-                      f"{pod.path}.hostIPC", on_mutate=True)
+        findings.append(Finding(ID, Severity.WARN,
+                                f'hostIPC not added for MPS: namespace enforces Pod Security "{level}"',
+                                f"{pod.path}.hostIPC", on_mutate=True))
     elif wants_host_ipc:
         pod.desired.edit(pod.pointer)["hostIPC"] = True
-        yield Finding(
+        findings.append(Finding(
             ID,
             Severity.WARN,
             f"hostIPC=true for MPS ({reason}); Pod Security unchecked: {unchecked}" if unchecked
             else f"hostIPC=true for MPS ({reason}); off: mps.injectHostIPC",
             f"{pod.path}.hostIPC",
             changed=True,
-        )
+        ))
     existing = pod.tolerations
     have = [_normalized(t) for t in existing]
     missing = [t.as_k8s() for t in mps.tolerations if not _tolerated(t.k8s, have)]
     if missing:
         pod.desired.edit(pod.pointer)["tolerations"] = [*existing, *missing]
         keys = ", ".join(str(t.get("key", "*")) for t in missing)
-        yield Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})", f"{pod.path}.tolerations",
-                      changed=True)
+        findings.append(Finding(ID, Severity.WARN, f"added MPS toleration {keys} ({reason})",
+                                f"{pod.path}.tolerations", changed=True))
     if opted_in:
-        yield from _inject_node_selector(pod, ctx, reason)
+        findings.extend(_inject_node_selector(pod, ctx, reason))
+    return findings
 
 
 def _selector_conflict(pod: PodView, ctx: Context, reason: str) -> Finding | None:

@@ -31,7 +31,6 @@ annotations), which takes precedence over the image environment, so a profiler w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
@@ -63,7 +62,8 @@ def added_sys_admin(container: ContainerRef) -> tuple[int, str] | None:
     return None
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     privileged: list[ContainerRef] = []
     sys_admin: list[tuple[ContainerRef, tuple[int, str]]] = []
     for c in pod.containers():
@@ -74,21 +74,21 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         if (found := added_sys_admin(c)) is not None:
             sys_admin.append((c, found))
     if not (privileged or sys_admin) or not is_gpu_pod(pod, ctx):
-        return
+        return findings
     for container in privileged:
-        yield Finding(
+        findings.append(Finding(
             ID,
             Severity.DENY,
             f"{container.label} is privileged in a GPU pod and would see every GPU on the node; "
             f"remove securityContext.privileged",
             f"{container.path}.securityContext.privileged",
-        )
+        ))
     own = allocated_gpus(pod, ctx) if all(c.list_overrides_image_env for c in candidate_configs(pod, ctx)) else {}
     privileged_pointers = {c.pointer for c in privileged}
     for container, (index, spelling) in sys_admin:
         if container.pointer in own or container.pointer in privileged_pointers:
             continue
-        yield Finding(
+        findings.append(Finding(
             ID,
             Severity.DENY,
             f"{container.label} adds capability {spelling} in a GPU pod without a GPU of its own; the NVIDIA "
@@ -96,4 +96,5 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
             f"(NVIDIA_VISIBLE_DEVICES=all in CUDA images); drop {spelling} or give the container its own "
             f"GPU request",
             f"{container.path}.securityContext.capabilities.add[{index}]",
-        )
+        ))
+    return findings

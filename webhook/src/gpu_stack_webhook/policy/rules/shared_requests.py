@@ -8,8 +8,6 @@ a warning when only some do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView, format_count
 from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
@@ -19,9 +17,10 @@ NAME = "shared-gpu-single-request"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     if not ctx.sharing.refuses_more_than_one:  # the configs the pod could land on are some of these
-        return
+        return findings
     candidates = candidate_configs(pod, ctx)
     for amount in gpu_amounts(pod, ctx):
         count = amount.count
@@ -33,10 +32,11 @@ def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
         if not refusing:
             continue
         severity = Severity.DENY if len(refusing) == len(exposing) else Severity.WARN
-        yield Finding(
+        findings.append(Finding(
             ID,
             severity,
             f"{amount.container.label} requests {format_count(count)} {amount.resource}; shared GPUs allow 1 "
             f"(config {', '.join(refusing)}): request 1",
             f"{amount.container.path}.resources",
-        )
+        ))
+    return findings

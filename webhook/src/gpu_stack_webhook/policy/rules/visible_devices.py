@@ -32,13 +32,15 @@ def _source(entry: Mapping[str, object]) -> str:
     return "a source"
 
 
-def check(pod: PodView, ctx: Context) -> Iterator[Finding]:
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
     for container in pod.containers():
         env = container.env
         if env and _names(env, VARIABLE):
-            yield from _named(container, env)
+            findings.extend(_named(container, env))
         if container.env_from:
-            yield from _imported(container, ctx)
+            findings.extend(_imported(container, ctx))
+    return findings
 
 
 def _names(env: list[Any], name: str) -> bool:
