@@ -76,7 +76,8 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
     w("## Headline")
     w("")
     w(f"Saturation: closed loop, {plan['saturation_connections']} keep-alive connections, {plan['rounds']} x "
-      f"{plan['saturation_s']} s per server, the 3-container GPU pod (20 env vars per container). Fixed rate: "
+      f"{plan['saturation_s']} s per server (each round in {plan.get('saturation_slices', 1)} mirrored runs), the "
+      f"3-container GPU pod (20 env vars per container). Fixed rate: "
       f"{plan['paced_rounds']} x {plan['paced_s']} s at {plan['paced_rate']:,}/s. Medians over the rounds; "
       "per-round figures in \"Targets (issue 14)\".")
     w("")

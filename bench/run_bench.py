@@ -68,7 +68,9 @@ SIZES = (1, 10, 50, 200)
 class Plan:
     rounds: int = 5
     warmup_s: int = 2
-    saturation_s: int = 5
+    saturation_s: int = 6
+    # Each round gives a server its saturation_s as this many runs in mirrored order (see `alternate`).
+    saturation_slices: int = 2
     saturation_connections: int = 32
     paced_rounds: int = 3
     paced_s: int = 8
@@ -83,7 +85,8 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=2, warmup_s=1, saturation_s=2, paced_rounds=1, paced_s=2, size_s=2, rules_s=1,
+        return cls(rounds=2, warmup_s=1, saturation_s=2, saturation_slices=2, paced_rounds=1, paced_s=2, size_s=2,
+                   rules_s=1,
                    profile_s=2, inprocess_number=20)
 
 
@@ -359,13 +362,35 @@ class Summary:
         return sum(r.late for r in self.runs)
 
 
+def merged(runs: list[Run]) -> Run:
+    """The runs of one server in one round as one: counts, time and CPU added up; each latency
+    percentile the slowest run's; the spread of the first run that sampled one."""
+    first = runs[0]
+    return Run(
+        target=first.target, requests=sum(r.requests for r in runs), seconds=sum(r.seconds for r in runs),
+        errors=sum(r.errors for r in runs),
+        latency_us={key: max(r.latency_us[key] for r in runs) for key in first.latency_us},
+        late=sum(r.late for r in runs), worst_late_ms=max(r.worst_late_ms for r in runs),
+        cpu_s=sum(r.cpu_s for r in runs), connections=sum(r.connections for r in runs), rate=first.rate,
+        spread=next((r.spread for r in runs if r.spread), {}),
+    )
+
+
 def alternate(wrk: Wrk, targets: list[tuple[str, Server, Path]], rounds: int, seconds: float,
-              connections: int, rate: int = 0) -> dict[str, Summary]:
+              connections: int, rate: int = 0, slices: int = 1) -> dict[str, Summary]:
+    """`rounds` rounds of `seconds` per target, the order reversed every other round. With `slices` > 1 a
+    round gives each target its time as that many runs in mirrored order (A B C C B A for two), merged
+    into one: the machine's speed drifts between runs by more than the differences measured here, and a
+    drift that is linear over the round then falls on every target alike."""
     out: dict[str, Summary] = {name: Summary(name, []) for name, _, _ in targets}
     for i in range(rounds):
         order = targets if i % 2 == 0 else list(reversed(targets))
-        for name, server, manifest in order:
-            run = wrk.run(name, server, manifest, seconds, connections, rate)
+        parts: dict[str, list[Run]] = {name: [] for name, _, _ in targets}
+        for k in range(slices):
+            for name, server, manifest in (order if k % 2 == 0 else list(reversed(order))):
+                parts[name].append(wrk.run(name, server, manifest, seconds / slices, connections, rate))
+        for name, _, _ in order:
+            run = merged(parts[name])
             out[name].runs.append(run)
             label = f"{rate}/s" if rate else "saturation"
             print(f"  round {i + 1} {name:9} {label:10} {run.rps:8.0f} req/s"
@@ -553,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"saturation (closed loop, {plan.saturation_connections} keep-alive connections, 3-container "
                   "GPU pod x 20 env vars)", flush=True)
             results["saturation"] = alternate(wrk, targets, plan.rounds, plan.saturation_s,
-                                              plan.saturation_connections)
+                                              plan.saturation_connections, slices=plan.saturation_slices)
             print(f"fixed rate {plan.paced_rate}/s ({plan.paced_connections} connections, /validate)", flush=True)
             results["paced"] = alternate(wrk, targets[:2], plan.paced_rounds, plan.paced_s, plan.paced_connections,
                                          plan.paced_rate)

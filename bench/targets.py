@@ -54,9 +54,13 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     rounds = len(sat["baseline"].runs)
     out = ["## Targets (issue 14)", ""]
     w = out.append
+    slices = plan.get("saturation_slices", 1)
+    split = (f" as {slices} runs of {plan['saturation_s'] / slices:g} s in mirrored order (baseline, validate, "
+             f"mutate, mutate, validate, baseline: a drift of the machine's speed over the round falls on all three "
+             f"alike)" if slices > 1 else "")
     w(f"Same run, rounds alternating baseline / validate / mutate (order reversed every other round); "
       f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
-      f"server per round; the body is the recorded GPU pod with 3 containers x 20 env vars (/mutate: with the "
+      f"server per round{split}; the body is the recorded GPU pod with 3 containers x 20 env vars (/mutate: with the "
       f"MPS annotation, so the answer carries a patch); the chart's default policy (`helm template`, so /mutate "
       f"also sets runtimeClassName), default log level (info). Connections per "
       f"worker: established sockets in each worker's /proc/PID/fd, sampled mid-round (baseline / validate / mutate).")

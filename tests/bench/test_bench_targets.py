@@ -124,3 +124,28 @@ def test_a_bench_run_alone_keeps_the_sections_the_other_bench_scripts_wrote() ->
     assert out.startswith(new.rstrip("\n"))
     assert "## Many\nrows\n<!-- many-clients:end -->" in out
     assert "old inspect" not in out and "old figures" not in out
+
+
+def test_a_round_in_slices_runs_them_in_mirrored_order_and_reports_one_run_per_server() -> None:
+    """Two slices: baseline, validate, mutate, mutate, validate, baseline (reversed in the next round), each
+    server's slices added up into that round's one run, its latency the slowest slice's."""
+    calls: list[tuple[str, float]] = []
+
+    class RecordingWrk:
+        def run(self, target: str, server: object, manifest: Path, seconds: float, connections: int,
+                rate: int = 0) -> run_bench.Run:
+            calls.append((target, seconds))
+            n = len(calls)
+            return run_bench.Run(target=target, requests=1000 * n, seconds=seconds, errors=0,
+                                 latency_us={"p50": 100.0 * n, "p99": 1000.0 * n, "p999": 2000.0 * n}, late=0, worst_late_ms=0.0,
+                                 cpu_s=0.1 * n, connections=32)
+
+    names = [("baseline", None, Path("b")), ("validate", None, Path("v")), ("mutate", None, Path("m"))]
+    out = run_bench.alternate(RecordingWrk(), names, 2, 6, 32, slices=2)  # type: ignore[arg-type]
+    assert [t for t, _ in calls] == ["baseline", "validate", "mutate", "mutate", "validate", "baseline",
+                                     "mutate", "validate", "baseline", "baseline", "validate", "mutate"]
+    assert {s for _, s in calls} == {3.0}
+    first_baseline = out["baseline"].runs[0]  # calls 1 and 6
+    assert (first_baseline.requests, first_baseline.seconds, first_baseline.connections) == (7000, 6.0, 64)
+    assert first_baseline.latency_us == {"p50": 600.0, "p99": 6000.0, "p999": 12000.0}
+    assert [len(s.runs) for s in out.values()] == [2, 2, 2]
