@@ -137,8 +137,8 @@ def test_a_round_in_slices_runs_them_in_mirrored_order_and_reports_one_run_per_s
             calls.append((target, seconds))
             n = len(calls)
             return run_bench.Run(target=target, requests=1000 * n, seconds=seconds, errors=0,
-                                 latency_us={"p50": 100.0 * n, "p99": 1000.0 * n, "p999": 2000.0 * n}, late=0, worst_late_ms=0.0,
-                                 cpu_s=0.1 * n, connections=32)
+                                 latency_us={"p50": 100.0 * n, "p99": 1000.0 * n, "p999": 2000.0 * n},
+                                 late=0, worst_late_ms=0.0, cpu_s=0.1 * n, connections=32)
 
     names = [("baseline", None, Path("b")), ("validate", None, Path("v")), ("mutate", None, Path("m"))]
     out = run_bench.alternate(RecordingWrk(), names, 2, 6, 32, slices=2)  # type: ignore[arg-type]
