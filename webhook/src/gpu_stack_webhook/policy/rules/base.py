@@ -71,7 +71,7 @@ def gpu_amounts(pod: PodView, ctx: Context) -> tuple[GpuAmount, ...]:
             if resource not in requests and sharing.is_gpu(resource):
                 found.append(GpuAmount(container, resource, None, limit, parse_count(limit)))
     amounts = tuple(found)
-    pod.memo[gpu_amounts] = (ctx.sharing, amounts)
+    pod.memo[gpu_amounts] = (sharing, amounts)
     return amounts
 
 

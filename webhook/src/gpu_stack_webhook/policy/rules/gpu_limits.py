@@ -74,7 +74,6 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
                         f"set limits.{amount.resource} to {format_count(request)}",
                         "limits",
                     ))
-    if missing_limits:
-        for pointer, missing in missing_limits.items():
-            findings.append(_fill_limits(pod, containers[pointer], missing))
+    for pointer, missing in missing_limits.items():
+        findings.append(_fill_limits(pod, containers[pointer], missing))
     return findings
