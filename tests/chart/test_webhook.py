@@ -95,11 +95,13 @@ def test_default_policy_equals_webhook_defaults_except_namespace() -> None:
     """The chart's defaults are the webhook's built-in defaults (webhook/examples/policy.yaml)."""
     config = parse_config(policy_of(objects()))
     builtin = parse_config({})
-    differ = {"exempt_namespaces", "sharing", "inject_runtime_class_name"}
+    differ = {"exempt_namespaces", "sharing", "inject_runtime_class_name", "nvidia_runtime_is_default"}
     assert config.model_dump(exclude=differ) == builtin.model_dump(exclude=differ)
     assert config.exempt_namespaces == (NAMESPACE, "kube-system")
     # the chart's runtime layout: nvidia is not the default runtime, so GPU pods get it from the webhook
     assert config.inject_runtime_class_name == "nvidia" and builtin.inject_runtime_class_name == ""
+    # ... and only GPU pods run under it; a webhook told nothing assumes every pod may.
+    assert config.nvidia_runtime_is_default is False and builtin.nvidia_runtime_is_default is True
 
 
 def test_rule_ids_in_schema_are_the_webhooks() -> None:

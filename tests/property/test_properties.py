@@ -66,6 +66,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "ts-x4-lenient": _plugin(timeSlicing=_ts(fail=False)),
         "mps-x10": _plugin(mps=_mps()), "mig-mixed": _plugin("mixed"), "mig-single": _plugin("single")}}},
     "no-hostipc": {"sharing": {"configs": {"default": _plugin(mps=_mps())}}, "mps": {"injectHostIPC": False}},
+    # The chart's runtime-class layout: only GPU pods run under the NVIDIA runtime.
+    "runtime-class": {"nvidiaRuntimeIsDefault": False, "injectRuntimeClassName": "nvidia"},
 }
 
 

@@ -92,7 +92,9 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
       "mpsNodeSelector" $m.nodeSelector
       "mpsTolerations" $m.tolerations
       "injectHostIPC" $m.injectHostIPC
-      "injectRuntimeClassName" $policy.injectRuntimeClassName }}
+      "injectRuntimeClassName" $policy.injectRuntimeClassName
+      "nvidiaRuntimeIsDefault" $policy.nvidiaRuntimeIsDefault
+      "disabledRules" ($policy.rules.disabled | uniq | sortAlpha) }}
 {{- toYaml $values }}
 {{- end }}
 

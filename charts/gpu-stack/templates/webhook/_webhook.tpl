@@ -41,6 +41,7 @@ the nodes expose.
       "gpuResources" (dict "prefixes" $p.gpuResources.prefixes "names" $p.gpuResources.names)
       "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
       "injectRuntimeClassName" (include "gpu-stack.gpuPodRuntimeClass" .)
+      "nvidiaRuntimeIsDefault" (has (include "gpu-stack.runtimeLayout" .) (list "default-runtime" "preinstalled"))
       "maxRequestBytes" (int64 $p.maxRequestBytes)
       "sharing" $sharing
       "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC "podSecurityConflict" $p.mps.podSecurityConflict)
@@ -61,6 +62,25 @@ namespaceSelector:
       operator: NotIn
       values: [disabled]
     {{- end }}
+{{- end }}
+
+{{/*
+matchConditions of one webhook: the API server calls it only for requests a rule can act on (README
+"When the webhook is down"). The expression is generated from the rules' SCOPE into
+files/match-conditions.yaml (python -m gpu_stack_webhook.cel.match_conditions); each `${name}` in it
+becomes that config value of gpu-stack.cel.configValues as a JSON literal, as
+match_conditions.expression() does offline. Call with (dict "root" $ "webhook" "mutate"|"validate").
+*/}}
+{{- define "gpu-stack.webhook.matchConditions" -}}
+{{- $generated := .root.Files.Get "files/match-conditions.yaml" | fromYaml }}
+{{- $values := include "gpu-stack.cel.configValues" .root | fromYaml }}
+{{- $expression := get $generated .webhook }}
+{{- range $name := $generated.configNames }}
+{{- $expression = replace (printf "${%s}" $name) (toJson (get $values $name)) $expression }}
+{{- end }}
+matchConditions:
+  - name: judged-by-a-gpu-rule
+    expression: {{ $expression | quote }}
 {{- end }}
 
 {{/* clientConfig of one webhook. Call with (dict "root" $ "path" "/mutate"). */}}
@@ -99,13 +119,15 @@ denial test is skipped (nothing of the chart goes to "default").
 
 {{/*
 The pod the helm test dry-runs (kubectl run --overrides, JSON): Pod Security "restricted" compliant,
-so the only thing wrong with it is NVIDIA_VISIBLE_DEVICES=all (webhook rule GPU002).
+so the only thing wrong with it is NVIDIA_VISIBLE_DEVICES=all (webhook rule GPU002). It asks for a GPU:
+only GPU pods are sent to the webhook where the NVIDIA runtime is not the default runtime.
 */}}
 {{- define "gpu-stack.webhook.deniedTestPod" -}}
 {{- $container := dict
       "name" "gpu-stack-test-denied"
       "image" "registry.k8s.io/pause:3.10"
       "env" (list (dict "name" "NVIDIA_VISIBLE_DEVICES" "value" "all"))
+      "resources" (dict "limits" (dict "nvidia.com/gpu" "1"))
       "securityContext" (dict "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL"))) }}
 {{- $spec := dict
       "securityContext" (dict "runAsNonRoot" true "runAsUser" 65532 "seccompProfile" (dict "type" "RuntimeDefault"))

@@ -122,6 +122,8 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
         "mpsTolerations": [t.as_k8s() for t in mps.tolerations],
         "injectHostIPC": mps.inject_host_ipc,
         "injectRuntimeClassName": config.inject_runtime_class_name,
+        "nvidiaRuntimeIsDefault": config.nvidia_runtime_is_default,
+        "disabledRules": sorted(config.rules.disabled),
     }
 
 

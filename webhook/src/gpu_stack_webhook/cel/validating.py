@@ -59,8 +59,14 @@ _ENV_FROM = (
             "e.path + '.envFrom[' + string(p[0]) + ']'")
     + "))).flatten()"
 )
-GPU002 = CelValidation(visible_devices.ID, visible_devices.NAME, (), (
-    ("violations", f"{_ENV} + {_ENV_FROM}"),
+# Pods that run under the NVIDIA runtime (rules.base.reaches_nvidia_runtime): GPU pods, or every pod where
+# it is the node's default runtime.
+_GPU_POD = ("(variables.podSpec.?runtimeClassName.orValue('') in variables.gpuRuntimeClassNames || "
+            "size(variables.gpuAmounts) > 0)")
+_NVIDIA_RUNTIME = f"(variables.nvidiaRuntimeIsDefault || {_GPU_POD})"
+_RUNTIME_CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "nvidiaRuntimeIsDefault")
+GPU002 = CelValidation(visible_devices.ID, visible_devices.NAME, _RUNTIME_CONFIG, (
+    GPU_AMOUNTS, ("violations", f"{_NVIDIA_RUNTIME} ? {_ENV} + {_ENV_FROM} : []"),
 ))
 
 # --- GPU007 ----------------------------------------------------------------------------------------------
@@ -102,7 +108,9 @@ _MOUNTS = (
             "list; mount it elsewhere'", "e.path + '.volumeMounts[' + string(p[0]) + ']'")
     + ")).flatten()"
 )
-GPU007 = CelValidation(device_bypass.ID, device_bypass.NAME, (), (("violations", f"{_CDI} + {_MOUNTS}"),))
+GPU007 = CelValidation(device_bypass.ID, device_bypass.NAME, _RUNTIME_CONFIG, (
+    GPU_AMOUNTS, ("violations", f"{_CDI} + ({_NVIDIA_RUNTIME} ? {_MOUNTS} : [])"),
+))
 
 # --- GPU003 ----------------------------------------------------------------------------------------------
 _PRIVILEGED = "e.c.?securityContext.?privileged.orValue(false) == true"
@@ -113,8 +121,6 @@ _SYS_ADMIN_AT = (
     "cel.bind(u, string(add[k]).trim().upperAscii(), (u.startsWith('CAP_') ? u.substring(4) : u) in "
     f"{_GRANTING!r})))"
 )
-_GPU_POD = ("(variables.podSpec.?runtimeClassName.orValue('') in variables.gpuRuntimeClassNames || "
-            "size(variables.gpuAmounts) > 0)")
 _OWN_GPU = ("variables.candidateConfigs.all(n, n in variables.overridingConfigs) && "
             "e.path in variables.allocatedPaths")
 _GPU003_PRIVILEGED = (

@@ -169,6 +169,11 @@ class PolicyConfig(_Strict):
     # The runtime class the mutating pass gives GPU pods that name none ("" = none): the layout where
     # the NVIDIA runtime is not the node's default runtime (see the chart README, "Runtime layout").
     inject_runtime_class_name: str = Field("", alias="injectRuntimeClassName")
+    # Is the NVIDIA runtime the node's default runtime (chart layouts default-runtime and preinstalled)?
+    # Then every container on a GPU node runs under it, GPU pod or not, and the env and device-list
+    # checks (GPU002, GPU007's mounts) apply to every pod; otherwise only pods that name a GPU resource
+    # or a GPU runtime class reach it. True when unset: a webhook that is not told cannot assume less.
+    nvidia_runtime_is_default: bool = Field(True, alias="nvidiaRuntimeIsDefault")
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, alias="maxRequestBytes", ge=1024)
 
 

@@ -2,7 +2,10 @@
 
 The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
 
-- `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case), and
+- `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case),
+  `SCOPE`, the base.Signal values of the requests it can act on (outside them it returns no finding
+  and changes nothing: the API server is told not to call the webhook for such requests, through
+  matchConditions generated from SCOPE by cel/match_conditions.py), and
   a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and the
   exact scope).
 - `check(pod: PodView, ctx: Context) -> Iterable[Finding]` (the rules here return a list: compiled, a
@@ -42,7 +45,7 @@ from gpu_stack_webhook.policy.rules import (
     shared_requests,
     visible_devices,
 )
-from gpu_stack_webhook.policy.rules.base import Context
+from gpu_stack_webhook.policy.rules.base import Context, Signal
 
 Check = Callable[[PodView, Context], Iterable[Finding]]
 
@@ -53,6 +56,8 @@ class Rule:
     name: str
     summary: str
     check: Check
+    # The requests it can act on (module SCOPE): a request carrying none of these is never sent to it.
+    scope: frozenset[Signal] = frozenset(Signal)
     # It may change the pod or deny early (module MUTATING, default True): /mutate runs it on every pod.
     mutating: bool = True
 
@@ -61,7 +66,7 @@ def _rule(module: ModuleType) -> Rule:
     doc = (module.__doc__ or "").strip()
     summary = doc.splitlines()[0].split(": ", 1)[-1] if doc else ""
     return Rule(id=module.ID, name=module.NAME, summary=summary, check=module.check,
-                mutating=getattr(module, "MUTATING", True))
+                scope=frozenset(module.SCOPE), mutating=getattr(module, "MUTATING", True))
 
 
 RULES: tuple[Rule, ...] = tuple(

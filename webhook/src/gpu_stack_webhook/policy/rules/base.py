@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -10,6 +11,25 @@ from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, parse_count
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
+
+
+class Signal(enum.Enum):
+    """What in a request lets a rule act on it. Each rule module declares the signals it needs (SCOPE);
+    a request with none of its rules' signals gets no finding and no change from any rule
+    (tests/property/test_match_conditions.py), so the API server need not call the webhook for it: the
+    webhook configurations' matchConditions are generated from the rules' SCOPE (cel/match_conditions.py)."""
+
+    # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName
+    # is a GPU runtime class (is_gpu_pod).
+    GPU_POD = "gpu-pod"
+    # The pod runs under the NVIDIA runtime: a GPU pod, or any pod where that runtime is the node's
+    # default (config nvidiaRuntimeIsDefault).
+    NVIDIA_RUNTIME = "nvidia-runtime"
+    # The MPS opt-in annotation, or a nodeSelector / required node affinity on an MPS label or on the
+    # device plugin config label (mps.mps_selection).
+    MPS_SELECTION = "mps-selection"
+    # An annotation under cdi.k8s.io/, which containerd and CRI-O read under any runtime.
+    CDI_ANNOTATION = "cdi-annotation"
 
 
 @dataclass(frozen=True)
@@ -113,3 +133,9 @@ def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
     if pod.spec.get("runtimeClassName") in ctx.config.gpu_runtime_class_names:
         return True
     return bool(gpu_amounts(pod, ctx))
+
+
+def reaches_nvidia_runtime(pod: PodView, ctx: Context) -> bool:
+    """Does the pod run under the NVIDIA runtime (Signal.NVIDIA_RUNTIME)? Only there do
+    NVIDIA_VISIBLE_DEVICES and the device list mounts select GPUs."""
+    return ctx.config.nvidia_runtime_is_default or is_gpu_pod(pod, ctx)

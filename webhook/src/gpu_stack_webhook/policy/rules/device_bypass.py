@@ -3,7 +3,9 @@
 Besides NVIDIA_VISIBLE_DEVICES (GPU002) the NVIDIA runtime takes device requests from two other
 places a pod controls: volume mounts under /var/run/nvidia-container-devices (the volume-mounts
 device list strategy) and CDI annotations `cdi.k8s.io/*` (read by containerd and CRI-O when CDI is
-on). Either one hands a container GPUs it was never allocated.
+on). Either one hands a container GPUs it was never allocated. CDI annotations are denied on every
+pod (the container engine reads them under any runtime); the mounts only where the NVIDIA runtime
+runs the pod (GPU002 says when), the only reader of that directory.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import posixpath
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context
+from gpu_stack_webhook.policy.rules.base import Context, Signal, reaches_nvidia_runtime
 
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
+SCOPE = (Signal.CDI_ANNOTATION, Signal.NVIDIA_RUNTIME)
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
@@ -40,6 +43,8 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
                 f'annotation "{key}" requests CDI devices directly; request nvidia.com/gpu instead',
                 f"{pod.metadata_path}.annotations[{key}]",
             ))
+    if not reaches_nvidia_runtime(pod, ctx):
+        return findings
     for container in pod.containers():
         for index, mount in enumerate(container.spec.get("volumeMounts") or []):
             if not isinstance(mount, dict):

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count
-from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, gpu_amounts
+from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, Signal, gpu_amounts
 
 ID = "GPU001"
 NAME = "gpu-limits-equal-requests"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
 FRACTION_HINT = "GPUs are whole devices; to share one use time-slicing, MPS or MIG"
 
 

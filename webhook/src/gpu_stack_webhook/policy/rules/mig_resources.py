@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.sharing import MIG_PREFIX
 
 ID = "GPU005"
 NAME = "mig-resource-exposed"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 

@@ -24,11 +24,12 @@ from typing import Any
 from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.sharing import Strategy
 
 ID = "GPU006"
 NAME = "mps-pod-injection"
+SCOPE = (Signal.GPU_POD, Signal.MPS_SELECTION)
 
 
 def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
@@ -37,8 +38,8 @@ def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context
     return key in wanted and wanted[key] in values
 
 
-def mps_reason(pod: PodView, ctx: Context) -> str | None:
-    """Why this pod is an MPS pod, or None."""
+def mps_selection(pod: PodView, ctx: Context) -> str | None:
+    """Why this pod is an MPS pod without looking at its resources (Signal.MPS_SELECTION), or None."""
     if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
         return f"annotation {ctx.config.mps.annotation}"
     wanted = ctx.config.mps.node_selector
@@ -51,6 +52,14 @@ def mps_reason(pod: PodView, ctx: Context) -> str | None:
                 values = {str(v) for v in expr.get("values") or []}
                 if _selects(expr.get("key"), values, wanted, ctx):
                     return f"affinity on {expr.get('key')}"
+    return None
+
+
+def mps_reason(pod: PodView, ctx: Context) -> str | None:
+    """Why this pod is an MPS pod, or None."""
+    selection = mps_selection(pod, ctx)
+    if selection is not None:
+        return selection
     if not ctx.sharing.mps_config_names:  # no config shares anything through MPS
         return None
     candidates = candidate_configs(pod, ctx)

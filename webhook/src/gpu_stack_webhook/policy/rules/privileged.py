@@ -35,10 +35,17 @@ from typing import Any
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import Context, allocated_gpus, candidate_configs, is_gpu_pod
+from gpu_stack_webhook.policy.rules.base import (
+    Context,
+    Signal,
+    allocated_gpus,
+    candidate_configs,
+    is_gpu_pod,
+)
 
 ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 # Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
 SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})

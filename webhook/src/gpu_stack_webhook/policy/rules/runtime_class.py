@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, allocates_gpus
+from gpu_stack_webhook.policy.rules.base import Context, Signal, allocates_gpus
 
 ID = "GPU008"
 NAME = "gpu-runtime-class"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
 
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:

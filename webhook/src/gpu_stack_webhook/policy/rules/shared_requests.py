@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView, format_count
-from gpu_stack_webhook.policy.rules.base import Context, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts
 
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 

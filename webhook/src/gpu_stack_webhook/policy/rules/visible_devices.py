@@ -1,8 +1,12 @@
 """GPU002 no-nvidia-visible-devices: no container of any pod sets NVIDIA_VISIBLE_DEVICES.
 
 The NVIDIA container runtime hands a container every GPU this variable names, whatever the device
-plugin allocated, so it is forbidden in every pod, GPU or not: as an `env` entry (value or
-valueFrom), or through an `envFrom` prefix that could produce the name. An `envFrom` without a
+plugin allocated, so it is forbidden in every pod that runs under that runtime: as an `env` entry
+(value or valueFrom), or through an `envFrom` prefix that could produce the name. Where the NVIDIA
+runtime is the node's default runtime (policy nvidiaRuntimeIsDefault: the chart's default-runtime and
+preinstalled layouts) that is every pod, GPU or not; elsewhere (runtime-class and cdi layouts) only
+GPU pods reach it (a GPU resource or a GPU runtime class): any other pod runs under runc, which reads
+no NVIDIA variable, so its environment and its envFrom ConfigMaps cannot select a GPU. An `envFrom` without a
 prefix imports whatever keys its ConfigMap or Secret holds, which cannot be seen offline: a warning.
 With API lookups (ctx.facts online) the ConfigMap is read: holding the key is a denial, not holding it
 no finding at all. Secrets are never read, so a secretRef without a prefix keeps its warning; so does
@@ -16,11 +20,12 @@ from typing import Any
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import Context
+from gpu_stack_webhook.policy.rules.base import Context, Signal, reaches_nvidia_runtime
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
+SCOPE = (Signal.NVIDIA_RUNTIME,)
 VARIABLE = "NVIDIA_VISIBLE_DEVICES"
 
 
@@ -34,6 +39,8 @@ def _source(entry: Mapping[str, object]) -> str:
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
+    if not reaches_nvidia_runtime(pod, ctx):
+        return findings
     for container in pod.containers():
         env = container.env
         if env and _names(env, VARIABLE):

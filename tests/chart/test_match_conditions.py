@@ -1,0 +1,70 @@
+"""The webhook configurations' matchConditions as the chart renders them (cel/match_conditions.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from gpu_stack_webhook.cel import match_conditions
+from gpu_stack_webhook.cel.library import config_values
+from gpu_stack_webhook.policy.config import parse_config
+
+from .chartlib import FULLNAME, ROOT, one, overlays, render
+
+WEBHOOK = f"{FULLNAME}-webhook"
+
+
+def _conditions(objects: list[dict[str, Any]], kind: str) -> list[dict[str, str]]:
+    (hook,) = one(objects, kind, WEBHOOK)["webhooks"]
+    conditions = hook["matchConditions"]
+    assert isinstance(conditions, list)
+    return conditions
+
+
+def test_generated_file_is_current() -> None:
+    path = ROOT / match_conditions.CHART_FILE
+    assert path.read_text(encoding="utf-8") == match_conditions.text(), (
+        f"{match_conditions.CHART_FILE} is stale: run .venv/bin/python -m gpu_stack_webhook.cel.match_conditions")
+
+
+@pytest.mark.parametrize("overlay", overlays())
+def test_each_webhook_is_called_only_through_the_expression_for_its_policy(overlay: str) -> None:
+    """The rendered expressions are exactly what the offline evaluator (and so the property tests) runs
+    for the policy the same render gives the webhook."""
+    objects = render(4, overlay).objects()
+    policy = parse_config(yaml.safe_load(one(objects, "ConfigMap", f"{WEBHOOK}-policy")["data"]["policy.yaml"]))
+    values = config_values(policy)
+    for kind, mutating in (("MutatingWebhookConfiguration", True), ("ValidatingWebhookConfiguration", False)):
+        assert _conditions(objects, kind) == [
+            {"name": "judged-by-a-gpu-rule", "expression": match_conditions.expression(mutating, values)}]
+
+
+@pytest.mark.parametrize(("overlay", "default_runtime"), [
+    ("default", False), ("k3s.yaml", False), ("preinstalled-driver-toolkit.yaml", True)])
+def test_the_runtime_layout_decides_whether_every_pod_reaches_the_nvidia_runtime(overlay: str,
+                                                                                 default_runtime: bool) -> None:
+    objects = render(4, overlay).objects()
+    policy = yaml.safe_load(one(objects, "ConfigMap", f"{WEBHOOK}-policy")["data"]["policy.yaml"])
+    assert policy["nvidiaRuntimeIsDefault"] is default_runtime
+
+
+def test_toolkit_as_default_runtime_sends_every_pod_to_validate() -> None:
+    objects = render(4, "default", {"toolkit.setAsDefault": True}).objects()
+    policy = yaml.safe_load(one(objects, "ConfigMap", f"{WEBHOOK}-policy")["data"]["policy.yaml"])
+    assert policy["nvidiaRuntimeIsDefault"] is True
+    (condition,) = _conditions(objects, "ValidatingWebhookConfiguration")
+    assert '["GPU002", "GPU007"].exists(id, !(id in [])) && (true || gpuPod)' in condition["expression"]
+
+
+def test_disabled_rules_reach_the_conditions() -> None:
+    objects = render(4, "default", {"webhook.policy.rules.disabled": ["GPU002", "GPU007"]}).objects()
+    (condition,) = _conditions(objects, "ValidatingWebhookConfiguration")
+    assert '!(id in ["GPU002","GPU007"])' in condition["expression"]
+
+
+def test_no_config_placeholder_is_left_unfilled() -> None:
+    for overlay in overlays():
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            (condition,) = _conditions(render(4, overlay).objects(), kind)
+            assert "${" not in condition["expression"], (overlay, kind)

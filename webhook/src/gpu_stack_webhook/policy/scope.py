@@ -1,0 +1,44 @@
+"""Which of the rules' signals (base.Signal) a request carries: the Python twin of the webhook
+configurations' matchConditions (cel/match_conditions.py), compared with them on generated pods.
+
+Not on the review path: the rules gate themselves (each returns nothing outside its SCOPE, which
+tests/property/test_match_conditions.py checks); this module answers "would the API server call the
+webhook" for tests, `check` and the docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules import RULES, Rule
+from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.rules.device_bypass import CDI_ANNOTATION_PREFIX
+from gpu_stack_webhook.policy.rules.mps import mps_selection
+
+
+def signals(pod: PodView, ctx: Context) -> frozenset[Signal]:
+    """Every signal the pod (or workload's pod template) carries."""
+    found = set()
+    if is_gpu_pod(pod, ctx):
+        found.add(Signal.GPU_POD)
+    if reaches_nvidia_runtime(pod, ctx):
+        found.add(Signal.NVIDIA_RUNTIME)
+    if mps_selection(pod, ctx) is not None:
+        found.add(Signal.MPS_SELECTION)
+    if any(isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX) for key in pod.annotations):
+        found.add(Signal.CDI_ANNOTATION)
+    return frozenset(found)
+
+
+def judging_rules(rules: Iterable[Rule], ctx: Context) -> tuple[Rule, ...]:
+    """The rules a webhook runs: every rule not in the config's rules.disabled."""
+    disabled = set(ctx.config.rules.disabled)
+    return tuple(rule for rule in rules if rule.id not in disabled)
+
+
+def in_scope(pod: PodView, ctx: Context, *, mutating: bool) -> bool:
+    """Would a rule of this webhook (/mutate: the mutating rules; /validate: all) act on the pod?"""
+    rules = judging_rules((r for r in RULES if r.mutating or not mutating), ctx)
+    carried = signals(pod, ctx)
+    return any(carried.intersection(rule.scope) for rule in rules)
