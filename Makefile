@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test e2e demo lint bench bench-inspect helm clean fuzz soak
+.PHONY: all venv test e2e demo lint bench bench-inspect helm clean fuzz soak image
 
 all: test
 
@@ -52,6 +52,12 @@ lint: $(STAMP) helm
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) hack/chart-scan.py
+
+# The webhook image: webhook/Dockerfile built (context webhook/) by docker, podman or buildah, the first of
+# them on PATH (hack/build-image.sh). IMAGE defaults to gpu-stack-webhook:<appVersion of charts/gpu-stack>;
+# push it yourself and install with --set webhook.image.repository=... --set webhook.image.tag=...
+image:
+	hack/build-image.sh "$(IMAGE)"
 
 # The demo on a real control plane when one is at hand (hack/demo_live.py: chart installed, real kubectl),
 # else offline (hack/demo.py); its first line says which.

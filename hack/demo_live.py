@@ -25,7 +25,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.e2e.e2elib import E2ECluster, LiveWebhook, Releases, controlplane, unique  # noqa: E402
+from tests.e2e.e2elib import (  # noqa: E402
+    FAKE_WEBHOOK_IMAGE,
+    E2ECluster,
+    LiveWebhook,
+    Releases,
+    controlplane,
+    unique,
+)
 
 MANIFESTS = ROOT / "hack" / "demo" / "manifests"
 OVERLAY = "per-node-configs.yaml"
@@ -75,7 +82,9 @@ def run(plane: controlplane.Cluster) -> int:
         releases = Releases(cluster)
         hook: LiveWebhook | None = None
         try:
-            heading(f"helm install {RELEASE} charts/gpu-stack -f Chart-values-examples/{OVERLAY}")
+            # The image is only named: the API server calls `gpu-stack-webhook serve` on loopback below.
+            heading(f"helm install {RELEASE} charts/gpu-stack -f Chart-values-examples/{OVERLAY} "
+                    f"--set webhook.image.repository={FAKE_WEBHOOK_IMAGE}")
             with quiet():
                 release, proc = releases.install(OVERLAY, name=RELEASE, namespace=unique(RELEASE))
             print(proc.stdout.split("\nNOTES:")[0].rstrip())

@@ -14,6 +14,7 @@ from gpu_stack_webhook.policy.rules import RULE_IDS
 
 from . import pss
 from .chartlib import (
+    CHART,
     FULLNAME,
     NAMESPACE,
     ROOT,
@@ -41,6 +42,9 @@ SELF_MANAGED_ARGS = [
     "--namespace", NAMESPACE, "--service", WEBHOOK, "--mutating-webhook-configuration", WEBHOOK,
     "--validating-webhook-configuration", WEBHOOK]
 OVERLAYS = overlays()
+APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+# What `make image` builds by default and the chart renders without webhook.image.repository.
+LOCAL_IMAGE = f"gpu-stack-webhook:{APP_VERSION}"
 
 
 def objects(**set_json: Any) -> list[dict[str, Any]]:
@@ -133,7 +137,7 @@ def test_deployment_basics() -> None:
     spec = dep["spec"]["template"]["spec"]
     assert dep["spec"]["replicas"] == 2
     (container,) = spec["containers"]
-    assert container["image"] == "ghcr.io/gpu-stack/gpu-stack-webhook:0.1.0"
+    assert container["image"] == LOCAL_IMAGE
     # self-managed TLS (the default) and cluster lookups: the webhook is told its Secret, Service and configurations
     assert container["command"] + container["args"] == [
         "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy/policy.yaml", *SELF_MANAGED_ARGS,
@@ -188,6 +192,58 @@ def test_image_tag_and_pull_secrets_from_values() -> None:
     spec = dep["spec"]["template"]["spec"]
     assert spec["containers"][0]["image"].endswith(":1.2.3")
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+# ---- webhook image: none is published ---------------------------------------------------------------
+
+
+def _images(node: Any) -> list[str]:
+    """Every `image` of every container, init container and helm test pod in the render."""
+    if isinstance(node, dict):
+        own = [node["image"]] if isinstance(node.get("image"), str) else []
+        return own + [i for k, v in node.items() if k != "image" for i in _images(v)]
+    if isinstance(node, list):
+        return [i for v in node for i in _images(v)]
+    return []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_default_names_an_unpublished_image(overlay: str) -> None:
+    objs = render(3, overlay).objects()
+    assert [i for i in _images(objs) if "ghcr.io/gpu-stack" in i] == []
+    (container,) = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == LOCAL_IMAGE
+
+
+def test_image_repository_and_tag_from_values(helm: int) -> None:
+    repository = "registry.example.com:5000/team/gpu-stack-webhook"
+    for values, image in (({"webhook.image.repository": repository}, f"{repository}:{APP_VERSION}"),
+                          ({"webhook.image.repository": repository, "webhook.image.tag": "2024.1-rc1"},
+                           f"{repository}:2024.1-rc1")):
+        objs = render(helm, set_json=values).objects()
+        (container,) = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == image
+        assert [i for i in _images(objs) if "gpu-stack-webhook" in i] == [image]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("repository", "registry.example.com/gpu-stack-webhook:0.1.0"),  # the tag belongs in webhook.image.tag
+    ("repository", "registry.example.com/gpu-stack-webhook@sha256:0123"),
+    ("repository", "Registry/GPU"),
+    ("tag", "-dev"),
+    ("tag", "0.1.0 "),
+])
+def test_image_values_are_checked_by_the_schema(helm: int, key: str, value: str) -> None:
+    failed = run_helm(helm, template_args(set_json={f"webhook.image.{key}": value}))
+    assert not failed.ok
+    assert f"webhook/image/{key}" in failed.stderr.replace(".", "/"), failed.stderr
+
+
+def test_cel_only_renders_no_webhook_image(helm: int) -> None:
+    cel = {"webhook.cel.assumeServed": True, "webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}
+    objs = render(helm, set_json=cel).objects()
+    assert not find(objs, "Deployment", WEBHOOK)
+    assert [i for i in _images(objs) if "gpu-stack-webhook" in i] == []
 
 
 def test_webhook_meets_pod_security_restricted() -> None:

@@ -17,9 +17,11 @@ Fixtures:
   - `kubernetes`: a `kubernetes.client.ApiClient` for the same kubeconfig,
   - `create_namespace(name=None, labels=None)` (waits for its default ServiceAccount).
 - `releases` (function): a `Releases` helper: `install(overlay=None, name="gpu-stack",
-  helm_major=4, set_json=..., values=..., check=True)` -> `(Release, CompletedProcess)` into a fresh
-  namespace, `upgrade(release, ...)`, `uninstall(release)`; at teardown it uninstalls what is still
-  installed and deletes the namespaces it made. `Release` has `name`, `namespace`, `fullname`, `selector`.
+  helm_major=4, set_json=..., values=..., check=True, webhook_image=FAKE_WEBHOOK_IMAGE)` ->
+  `(Release, CompletedProcess)` into a fresh namespace, `upgrade(release, ..., chart=CHART)`,
+  `uninstall(release)`; at teardown it uninstalls what is still installed and deletes the namespaces it
+  made. Install and upgrade pass `webhook.image.repository` (a fake name: no pod runs here) unless
+  `webhook_image=None`. `Release` has `name`, `namespace`, `fullname`, `selector`, `webhook_image`.
 - `live_webhook` (function): a factory; `live_webhook(release, policy=None, lookups=False,
   extra_args=(), probe_namespace=None)` runs `gpu-stack-webhook serve` on 127.0.0.1 over TLS with a
   loopback PKI (certs.write_loopback_pki), serving the release's own policy ConfigMap, and re-points the

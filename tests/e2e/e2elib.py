@@ -36,6 +36,11 @@ sys.path.insert(0, str(ROOT / "hack"))
 import controlplane  # noqa: E402
 
 WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+# The webhook image every release here names unless a test says otherwise: the chart refuses an install
+# without one (templates/validate.yaml), and no pod ever runs on the throwaway control plane (no kubelet),
+# so a name no registry answers (.invalid, RFC 2606) is enough. On an existing cluster its pods stay in
+# ErrImagePull; the e2e tests call `gpu-stack-webhook serve` on loopback (LiveWebhook) instead.
+FAKE_WEBHOOK_IMAGE = "registry.invalid/gpu-stack-webhook"
 
 
 def overlays() -> list[str]:
@@ -130,6 +135,7 @@ class Release:
     name: str
     namespace: str
     helm_major: int = 4
+    webhook_image: str | None = None  # webhook.image.repository passed on install and on every upgrade
 
     @property
     def fullname(self) -> str:
@@ -163,25 +169,34 @@ class Releases:
     def helm_for(self, major: int) -> Any:
         return self.cluster.helm if major == 4 else self.cluster.helm3
 
+    @staticmethod
+    def _with_image(release: Release, set_json: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The release's webhook image first: a webhook.image.repository in `set_json` wins (values files
+        and `extra` do not: --set-json outranks them; pass webhook_image=None to leave it out)."""
+        image = {"webhook.image.repository": release.webhook_image} if release.webhook_image else {}
+        return {**image, **(set_json or {})}
+
     def install(self, overlay: str | None = None, *, name: str = "gpu-stack", namespace: str | None = None,
                 helm_major: int = 4, values: Iterable[str] = (), set_json: Mapping[str, Any] | None = None,
-                extra: Sequence[str] = (), check: bool = True) -> tuple[Release, subprocess.CompletedProcess[str]]:
-        release = Release(name, namespace or unique("gpu-stack"), helm_major)
+                extra: Sequence[str] = (), check: bool = True,
+                webhook_image: str | None = FAKE_WEBHOOK_IMAGE) -> tuple[Release, subprocess.CompletedProcess[str]]:
+        release = Release(name, namespace or unique("gpu-stack"), helm_major, webhook_image)
         self.namespaces.append(release.namespace)
         # Recorded before helm runs: a failed install leaves a release record and cluster-scoped objects
         # (ClusterRoles, policies) that only `helm uninstall` removes, not the namespace's deletion.
         self.installed.append(release)
         proc = self.helm_for(helm_major)(
             "install", release.name, str(CHART), "-n", release.namespace, "--create-namespace",
-            *values_args(overlay, values, set_json), *extra, check=check)
+            *values_args(overlay, values, self._with_image(release, set_json)), *extra, check=check)
         return release, proc
 
-    def upgrade(self, release: Release, overlay: str | None = None, *, values: Iterable[str] = (),
-                set_json: Mapping[str, Any] | None = None, extra: Sequence[str] = (),
+    def upgrade(self, release: Release, overlay: str | None = None, *, chart: Path = CHART,
+                values: Iterable[str] = (), set_json: Mapping[str, Any] | None = None, extra: Sequence[str] = (),
                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`helm upgrade` with values resets the others to the chart's defaults: the image is passed again."""
         return self.helm_for(release.helm_major)(
-            "upgrade", release.name, str(CHART), "-n", release.namespace,
-            *values_args(overlay, values, set_json), *extra, check=check)
+            "upgrade", release.name, str(chart), "-n", release.namespace,
+            *values_args(overlay, values, self._with_image(release, set_json)), *extra, check=check)
 
     def uninstall(self, release: Release, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = self.helm_for(release.helm_major)("uninstall", release.name, "-n", release.namespace, "--wait",

@@ -1,8 +1,9 @@
 """The CEL admission policies on a real API server (v1.36 serves Validating- and MutatingAdmissionPolicy v1).
 
-- `cel` for both modes: the chart renders no webhook at all; bad manifests (env, privileged, CDI, device
-  mount, Pod and Deployment) are refused with the rules' messages by the policies, good ones are created,
-  an MPS pod is stored with hostIPC and the MPS toleration, a requests-only GPU pod with its limit.
+- `cel` for both modes: the chart renders no webhook at all and installs without a webhook image; bad
+  manifests (env, privileged, CDI, device mount, Pod and Deployment) are refused with the rules' messages by
+  the policies, good ones are created, an MPS pod is stored with hostIPC and the MPS toleration, a
+  requests-only GPU pod with its limit.
 - `both`: the same manifests get the same verdicts from the policies and from the (live) webhook.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .e2elib import ROOT, E2ECluster, Releases
+from .e2elib import ROOT, E2ECluster, Release, Releases
 
 DEMO = ROOT / "hack" / "demo" / "manifests"
 ALL_CEL = {"webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}
@@ -96,7 +97,11 @@ def policies_gone_after_each_test(cluster: E2ECluster, releases: Releases) -> It
 
 
 def _install_cel(cluster: E2ECluster, releases: Releases, overlay: str | None = None) -> str:
-    release, _ = releases.install(overlay, set_json=ALL_CEL)
+    release, _ = releases.install(overlay, set_json=ALL_CEL, webhook_image=None)  # no webhook pod: no image
+    return _no_webhook_and_enforced(cluster, release)
+
+
+def _no_webhook_and_enforced(cluster: E2ECluster, release: Release) -> str:
     for kind in ("deployment", "service", "secret"):
         names = cluster.kubectl("get", kind, "-n", release.namespace, "-l", "app.kubernetes.io/component=webhook",
                                 "-o", "name").stdout.split()
@@ -106,6 +111,17 @@ def _install_cel(cluster: E2ECluster, releases: Releases, overlay: str | None = 
     namespace = cluster.create_namespace()
     _wait_enforced(cluster, namespace)
     return namespace
+
+
+def test_cel_only_install_needs_no_webhook_image(cluster: E2ECluster, releases: Releases) -> None:
+    """README, "Install on a cluster": without an image, the two modes set and nothing else."""
+    release, _ = releases.install(webhook_image=None, extra=["--set", "webhook.validation.mode=cel",
+                                                             "--set", "webhook.mutation.mode=cel"])
+    status = json.loads(cluster.helm("status", release.name, "-n", release.namespace, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    supplied = json.loads(cluster.helm("get", "values", release.name, "-n", release.namespace, "-o", "json").stdout)
+    assert supplied == {"webhook": {"validation": {"mode": "cel"}, "mutation": {"mode": "cel"}}}
+    _no_webhook_and_enforced(cluster, release)
 
 
 def test_cel_mode_refuses_bad_manifests_with_the_rules_messages_and_admits_good_ones(

@@ -17,7 +17,7 @@ import yaml
 
 from tests.chart.chartlib import next_chart_version
 
-from .e2elib import E2ECluster, Releases, overlays, unique, values_args
+from .e2elib import E2ECluster, Releases, overlays, unique
 
 WORKLOAD_KINDS = ("daemonsets", "deployments")
 
@@ -54,8 +54,7 @@ def test_new_chart_version_rolls_no_pod(cluster: E2ECluster, releases: Releases,
     assert len(before) >= 5
     helm = releases.helm_for(helm_major)
     chart = next_chart_version(tmp_path)
-    helm("upgrade", release.name, str(chart), "-n", release.namespace,
-         *values_args(overlay, set_json={"webhook.timeoutSeconds": 7}))
+    releases.upgrade(release, overlay, chart=chart, set_json={"webhook.timeoutSeconds": 7})
     history = json.loads(helm("history", release.name, "-n", release.namespace, "-o", "json").stdout)
     new_version = yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
     assert history[-1]["chart"] == f"gpu-stack-{new_version}"

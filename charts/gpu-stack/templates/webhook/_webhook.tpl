@@ -19,10 +19,11 @@
 {{- toYaml (uniq $names) }}
 {{- end }}
 
-{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. */}}
+{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. No repository: the local
+name `make image` builds by default (gpu-stack-webhook); validate.yaml stops an install that has none. */}}
 {{- define "gpu-stack.webhook.image" -}}
 {{- $img := .Values.webhook.image }}
-{{- include "gpu-stack.image" (dict "repository" $img.repository "tag" ($img.tag | default .Chart.AppVersion)) }}
+{{- include "gpu-stack.image" (dict "repository" ($img.repository | default "gpu-stack-webhook") "tag" ($img.tag | default .Chart.AppVersion)) }}
 {{- end }}
 
 {{/*
