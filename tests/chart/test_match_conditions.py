@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_stack_webhook.cel import match_conditions
+from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import parse_config
 
@@ -49,12 +49,25 @@ def test_the_runtime_layout_decides_whether_every_pod_reaches_the_nvidia_runtime
     assert policy["nvidiaRuntimeIsDefault"] is default_runtime
 
 
-def test_toolkit_as_default_runtime_sends_every_pod_to_validate() -> None:
+def test_toolkit_as_default_runtime_sends_what_that_runtime_reads_to_validate() -> None:
+    """With nvidia as the default runtime every pod runs under it: a pod that names NVIDIA_VISIBLE_DEVICES,
+    an envFrom source or the device list directory is judged, GPU or not; a plain pod still is not."""
     objects = render(4, "default", {"toolkit.setAsDefault": True}).objects()
     policy = yaml.safe_load(one(objects, "ConfigMap", f"{WEBHOOK}-policy")["data"]["policy.yaml"])
     assert policy["nvidiaRuntimeIsDefault"] is True
     (condition,) = _conditions(objects, "ValidatingWebhookConfiguration")
-    assert '["GPU002", "GPU007"].exists(id, !(id in [])) && (true || gpuPod)' in condition["expression"]
+
+    def pod(**container: Any) -> dict[str, Any]:
+        return {"kind": "Pod", "metadata": {}, "spec": {"containers": [{"name": "c", "image": "x", **container}]}}
+
+    def called(obj: dict[str, Any]) -> bool:
+        return bool(runtime.evaluate(condition["expression"], obj, {}))
+
+    assert not called(pod())
+    assert called(pod(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]))
+    assert called(pod(envFrom=[{"configMapRef": {"name": "settings"}}]))
+    assert called(pod(volumeMounts=[{"name": "v", "mountPath": "/var/run/nvidia-container-devices/all"}]))
+    assert not called(pod(env=[{"name": "LOG_LEVEL", "value": "debug"}]))
 
 
 def test_disabled_rules_reach_the_conditions() -> None:

@@ -198,7 +198,7 @@ def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2el
     webhook denies and the allow-all admits)."""
     repoint(cluster, hook, release)
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-probe"},
-             "spec": {"containers": [{"name": "c", "image": "busybox",
+             "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
                                       "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

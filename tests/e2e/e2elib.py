@@ -304,9 +304,10 @@ class LiveWebhook:
                     self.cluster.kubectl("patch", kind, obj["metadata"]["name"], "--type=json", "-p", json.dumps(patch))
 
     def wait_called(self, namespace: str, timeout: float = 30) -> None:
-        """Until the API server sends us reviews: a dry-run pod setting NVIDIA_VISIBLE_DEVICES is denied."""
+        """Until the API server sends us reviews: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied."""
         probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "live-webhook-probe"},
                  "spec": {"containers": [{"name": "c", "image": "busybox",
+                                          "resources": {"limits": {"nvidia.com/gpu": 1}},
                                           "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
         deadline = time.monotonic() + timeout
         while True:

@@ -35,7 +35,8 @@ def _deployment(name: str, pod: dict[str, Any]) -> dict[str, Any]:
 
 
 GPU = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
-ENV = {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+# A GPU pod: in the chart's default runtime-class layout only GPU pods run under the NVIDIA runtime (GPU002).
+ENV = {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}], **GPU}
 # (manifest, the text the refusal must contain)
 BAD: dict[str, tuple[dict[str, Any], str]] = {
     "env-pod": (_pod("env", ENV), 'GPU002 container "main" sets NVIDIA_VISIBLE_DEVICES explicitly; GPUs are '

@@ -29,7 +29,7 @@ def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Rele
     namespace = cluster.create_namespace()
     hook = live_webhook(release, probe_namespace=namespace)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"},
-           "spec": {"containers": [{"name": "main", "image": "busybox",
+           "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
                                     "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     proc = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
     assert proc.returncode == 1

@@ -27,6 +27,9 @@ MPS_WARNINGS = ("Warning: gpu-stack GPU006: added MPS toleration gpu-stack.io/mp
                 "Warning: gpu-stack GPU006: added "
                 "nodeSelector nvidia.com/mps.capable=true (annotation gpu-stack.io/mps)\n"
                 "Warning: gpu-stack GPU008: set runtimeClassName nvidia: GPU pods run under the NVIDIA runtime")
+# The envFrom pods ask for a GPU: in the chart's default layout only GPU pods run under the NVIDIA runtime
+# and reach GPU002 (and get the runtime class).
+RUNTIME_CLASS = "Warning: gpu-stack GPU008: set runtimeClassName nvidia: GPU pods run under the NVIDIA runtime"
 
 
 def pod(name: str, *, env_from: str | None = None, annotations: dict[str, str] | None = None,
@@ -126,10 +129,13 @@ def test_envfrom_configmap_contents(cluster: E2ECluster, release: Release, live_
     cluster.kubectl("create", "configmap", "gpu-env", "-n", namespace, "--from-literal=NVIDIA_VISIBLE_DEVICES=all")
     cluster.kubectl("create", "configmap", "app-env", "-n", namespace, "--from-literal=LOG_LEVEL=debug")
     # Offline all three would be a warning ("has no prefix; it must not hold NVIDIA_VISIBLE_DEVICES").
-    assert create(cluster, namespace, pod("holds-it", env_from="gpu-env")) == (1, "", GPU002_HOLDS.format("gpu-env"))
-    assert create(cluster, namespace, pod("clean", env_from="app-env")) == (0, "pod/clean created", "")
-    assert create(cluster, namespace, pod("missing", env_from="later-env")) == (
-        0, "pod/missing created", 'Warning: gpu-stack GPU002: container "main": envFrom ConfigMap "later-env" must '
+    assert create(cluster, namespace, pod("holds-it", env_from="gpu-env", gpu=True)) == (
+        1, "", f"{RUNTIME_CLASS}\n" + GPU002_HOLDS.format("gpu-env"))
+    assert create(cluster, namespace, pod("clean", env_from="app-env", gpu=True)) == (
+        0, "pod/clean created", RUNTIME_CLASS)
+    assert create(cluster, namespace, pod("missing", env_from="later-env", gpu=True)) == (
+        0, "pod/missing created", f"{RUNTIME_CLASS}\n"
+        'Warning: gpu-stack GPU002: container "main": envFrom ConfigMap "later-env" must '
         "not hold NVIDIA_VISIBLE_DEVICES (not found yet)")
 
 
@@ -160,13 +166,15 @@ def test_api_down_mid_run(cluster: E2ECluster, release: Release, live_webhook: A
     namespace = cluster.create_namespace(unique("baseline"), labels={"pod-security.kubernetes.io/enforce": "baseline"})
     for name in ("gpu-env", "gpu-env-2"):
         cluster.kubectl("create", "configmap", name, "-n", namespace, "--from-literal=NVIDIA_VISIBLE_DEVICES=all")
-    assert create(cluster, namespace, pod("before", env_from="gpu-env")) == (1, "", GPU002_HOLDS.format("gpu-env"))
+    assert create(cluster, namespace, pod("before", env_from="gpu-env", gpu=True)) == (
+        1, "", f"{RUNTIME_CLASS}\n" + GPU002_HOLDS.format("gpu-env"))
     # not looked up before the cut (answers are cached for --lookup-ttl)
     unseen = cluster.create_namespace(unique("baseline"), labels={"pod-security.kubernetes.io/enforce": "baseline"})
 
     relay.cut()
-    assert create(cluster, namespace, pod("after", env_from="gpu-env-2")) == (
-        0, "pod/after created", 'Warning: gpu-stack GPU002: container "main": envFrom ConfigMap "gpu-env-2" must '
+    assert create(cluster, namespace, pod("after", env_from="gpu-env-2", gpu=True)) == (
+        0, "pod/after created", f"{RUNTIME_CLASS}\n"
+        'Warning: gpu-stack GPU002: container "main": envFrom ConfigMap "gpu-env-2" must '
         "not hold NVIDIA_VISIBLE_DEVICES (API unreachable)")
     # The level cannot be read: hostIPC is added as offline, with a warning, and PodSecurity has the last word.
     assert create(cluster, unseen, pod("mps", annotations={"gpu-stack.io/mps": "true"}, gpu=True)) == (1, "", (

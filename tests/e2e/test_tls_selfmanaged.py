@@ -1,7 +1,9 @@
 """Self-managed TLS (`serve --tls-mode self-managed`, the chart's default) against the real API server, with
 the webhook's own ServiceAccount: a token from the TokenRequest API (`kubectl create token`), the RBAC the
-chart installs, nothing more. No nodes run the chart's Deployment, so the `serve` processes run here, with
-the arguments the chart gives the container (read from the installed Deployment).
+chart installs, nothing more. No nodes run the chart's Deployment, so its container runs here as the pod
+would (tests/e2e/podrun.py): the installed Deployment's command, args and env, its policy ConfigMap, TLS
+emptyDir and /tmp mounted where the pod mounts them, the working tree read-only, the ServiceAccount token
+where the kubelet puts it, as uid/gid 65532 without capabilities.
 
 - Two replicas starting together agree on one CA; the caBundle lands in both configurations; the Secret is
   owned by the ValidatingWebhookConfiguration; what is served over TLS is the Secret's certificate.
@@ -16,13 +18,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +31,8 @@ import pytest
 import yaml
 from cryptography import x509
 
-from .e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases, controlplane
+from .e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases
+from .podrun import ChartContainer
 
 STARTUP_SECONDS = 90
 
@@ -54,43 +53,27 @@ def sa_kubeconfig(cluster: E2ECluster, release: Release, path: Path, serviceacco
     return path
 
 
-def chart_serve_args(cluster: E2ECluster, release: Release) -> list[str]:
-    """The container's `serve` arguments from the installed Deployment, minus what only makes sense in the pod."""
-    deployment = cluster.get_json("deployment", f"{release.fullname}-webhook", "-n", release.namespace)
-    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == "serve" and "--tls-mode" in args and args[args.index("--tls-mode") + 1] == "self-managed"
-    drop = {"--config", "--cert-dir", "--bind"}  # pod paths and port: ours are set per process
-    out: list[str] = []
-    skip = False
-    for arg in args[1:]:
-        if skip:
-            skip = False
-        elif arg in drop:
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
-def serve_command() -> str:
-    script = Path(sys.executable).with_name("gpu-stack-webhook")
-    return str(script) if script.exists() else shutil.which("gpu-stack-webhook") or "gpu-stack-webhook"
-
-
-def serve_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "PROMETHEUS_MULTIPROC_DIR")}
-    return env | {"GPU_STACK_WEBHOOK_WORKERS": "1", "GPU_STACK_WEBHOOK_THREADS": "2"}
-
-
 @dataclass
 class Serve:
-    process: subprocess.Popen[bytes]
-    cert_dir: Path
-    log_path: Path
-    port: int
+    container: ChartContainer
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.container.process is not None
+        return self.container.process
+
+    @property
+    def port(self) -> int:
+        return self.container.port
+
+    @property
+    def cert_dir(self) -> Path:
+        """The TLS emptyDir, where `--cert-dir` (as the chart sets it) points inside the container."""
+        args = self.container.args()
+        return self.container.host_path(args[args.index("--cert-dir") + 1])
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.container.log()
 
     def serving_cert(self) -> x509.Certificate:
         return x509.load_pem_x509_certificate((self.cert_dir / "tls.crt").read_bytes())
@@ -119,13 +102,7 @@ class Serve:
         return result
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # gunicorn's quick shutdown
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.container.stop()
 
 
 def wait_for(condition: Callable[[], Any], what: str, process: subprocess.Popen[bytes] | None = None,
@@ -141,23 +118,23 @@ def wait_for(condition: Callable[[], Any], what: str, process: subprocess.Popen[
     raise AssertionError(f"timed out waiting for {what}:\n{log()}")
 
 
+def installed_deployment(cluster: E2ECluster, release: Release) -> dict[str, Any]:
+    deployment: dict[str, Any] = cluster.get_json("deployment", f"{release.fullname}-webhook", "-n",
+                                                  release.namespace)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "serve" and args[args.index("--tls-mode") + 1] == "self-managed"
+    return deployment
+
+
 @pytest.fixture
-def serve(cluster: E2ECluster, tmp_path: Path) -> Iterator[Callable[..., Serve]]:
+def serve(cluster: E2ECluster, release: Release, tmp_path: Path) -> Iterator[Callable[..., Serve]]:
+    """Starts a replica of the installed webhook Deployment, with `extra` arguments after the chart's."""
     started: list[Serve] = []
 
-    def start(args: list[str], kubeconfig: Path) -> Serve:
-        workdir = tmp_path / f"serve-{len(started)}"
-        workdir.mkdir()
-        (workdir / "policy.yaml").write_text("{}\n")
-        log_path = workdir / "serve.log"
-        port = controlplane.free_port()
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [serve_command(), "serve", *args, "--kubeconfig", str(kubeconfig),
-                 "--config", str(workdir / "policy.yaml"), "--cert-dir", str(workdir / "tls"),
-                 "--bind", f"127.0.0.1:{port}"],
-                stdout=log, stderr=subprocess.STDOUT, env=serve_env(), cwd=workdir, start_new_session=True)
-        started.append(Serve(process, workdir / "tls", log_path, port))
+    def start(*extra: str, serviceaccount: str | None = None) -> Serve:
+        container = ChartContainer(cluster, installed_deployment(cluster, release), tmp_path / f"pod-{len(started)}",
+                                   serviceaccount=serviceaccount, extra_args=extra)
+        started.append(Serve(container.start()))
         return started[-1]
 
     yield start
@@ -214,10 +191,9 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
         cluster: E2ECluster, releases: Releases, release: Release, serve: Callable[..., Serve],
         tmp_path: Path) -> None:
     assert secret_data(cluster, release) is None  # the chart leaves the Secret to the webhook
-    kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
     hostname = f"{release.fullname}-webhook.{release.namespace}.svc"
-    args = [*chart_serve_args(cluster, release), "--tls-check-interval", "2s"]
-    replicas = [serve(args, kubeconfig), serve(args, kubeconfig)]  # started together
+    args = ("--tls-check-interval", "2s")
+    replicas = [serve(*args), serve(*args)]  # started together
     for replica in replicas:
         replica.wait_ready()
     data = secret_data(cluster, release)
@@ -260,7 +236,7 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
     # A replica starting on a corrupted Secret (ca.crt no certificate at all) repairs it before it serves,
     # with an ERROR line in the structured log saying what was wrong.
     corrupt(cluster, release, "ca.crt", b"garbage")
-    third = serve(args, kubeconfig)
+    third = serve(*args)
     third.wait_ready()
     data = secret_data(cluster, release)  # ready: the bootstrap reconcile has replaced it
     assert data is not None and data["ca.crt"] != b"garbage"
@@ -278,31 +254,24 @@ def test_two_replicas_agree_then_corruption_is_repaired_and_uninstall_collects_t
                     "--timeout=60s")
 
 
-def test_rbac_denial_is_a_clear_error(cluster: E2ECluster, release: Release, tmp_path: Path) -> None:
+def test_rbac_denial_is_a_clear_error(cluster: E2ECluster, release: Release, serve: Callable[..., Serve]) -> None:
     """The namespace's default ServiceAccount has none of the chart's RBAC: serve stops and says why."""
-    kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "default.kubeconfig", serviceaccount="default")
-    (tmp_path / "policy.yaml").write_text("{}\n")
-    proc = subprocess.run([serve_command(), "serve", *chart_serve_args(cluster, release),
-                           "--config", str(tmp_path / "policy.yaml"), "--cert-dir", str(tmp_path / "tls"),
-                           "--kubeconfig", str(kubeconfig), "--bind", "127.0.0.1:0"],
-                          capture_output=True, text=True, env=serve_env(), cwd=tmp_path, timeout=180, check=False)
-    assert proc.returncode != 0
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpu-stack-webhook: self-managed TLS: cannot set up"), proc.stderr
+    replica = serve(serviceaccount="default")
+    assert replica.process.wait(180) != 0
+    last = replica.log().strip().splitlines()[-1]
+    assert last.startswith("gpu-stack-webhook: self-managed TLS: cannot set up"), replica.log()
     assert "403" in last or "forbidden" in last.lower(), last
-    assert f"system:serviceaccount:{release.namespace}:default" in proc.stderr, proc.stderr
+    assert f"system:serviceaccount:{release.namespace}:default" in replica.log(), replica.log()
     assert secret_data(cluster, release) is None  # nothing written
 
 
 def test_rotation_with_short_lifetimes(cluster: E2ECluster, release: Release, serve: Callable[..., Serve],
                                        tmp_path: Path) -> None:
-    kubeconfig = sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
     hostname = f"{release.fullname}-webhook.{release.namespace}.svc"
     # CA valid 60s, rotated when 45s are left (after ~15s), new CA trusted 3s before it signs; serving
     # certificates valid 30s, renewed 20s before they expire (after ~10s).
-    args = [*chart_serve_args(cluster, release), "--tls-check-interval", "1s", "--ca-validity", "60s",
-            "--ca-renew-before", "45s", "--ca-overlap", "3s", "--cert-validity", "30s", "--cert-renew-before", "20s"]
-    replica = serve(args, kubeconfig)
+    replica = serve("--tls-check-interval", "1s", "--ca-validity", "60s", "--ca-renew-before", "45s",
+                    "--ca-overlap", "3s", "--cert-validity", "30s", "--cert-renew-before", "20s")
     replica.wait_ready()
     first = secret_data(cluster, release)
     assert first is not None

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, reaches_nvidia_runtime
-from gpu_stack_webhook.policy.rules.device_bypass import CDI_ANNOTATION_PREFIX
+from gpu_stack_webhook.policy.rules.device_bypass import CDI_ANNOTATION_PREFIX, DEVICE_LIST_NAME
 from gpu_stack_webhook.policy.rules.mps import mps_selection
+from gpu_stack_webhook.policy.rules.visible_devices import VARIABLE
 
 
 def signals(pod: PodView, ctx: Context) -> frozenset[Signal]:
@@ -22,13 +23,26 @@ def signals(pod: PodView, ctx: Context) -> frozenset[Signal]:
     found = set()
     if is_gpu_pod(pod, ctx):
         found.add(Signal.GPU_POD)
-    if reaches_nvidia_runtime(pod, ctx):
+    if is_gpu_pod(pod, ctx) or (reaches_nvidia_runtime(pod, ctx) and reads_runtime_input(pod)):
         found.add(Signal.NVIDIA_RUNTIME)
     if mps_selection(pod, ctx) is not None:
         found.add(Signal.MPS_SELECTION)
     if any(isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX) for key in pod.annotations):
         found.add(Signal.CDI_ANNOTATION)
     return frozenset(found)
+
+
+def reads_runtime_input(pod: PodView) -> bool:
+    """Does a container name what the NVIDIA runtime reads from a pod spec (GPU002, GPU007's mounts):
+    NVIDIA_VISIBLE_DEVICES in env, any envFrom source, a mount path with the device list directory's name?"""
+    for container in pod.containers():
+        if container.env_from or any(isinstance(e, dict) and e.get("name") == VARIABLE for e in container.env):
+            return True
+        for mount in container.spec.get("volumeMounts") or []:
+            path = mount.get("mountPath") if isinstance(mount, dict) else None
+            if isinstance(path, str) and DEVICE_LIST_NAME in path:
+                return True
+    return False
 
 
 def judging_rules(rules: Iterable[Rule], ctx: Context) -> tuple[Rule, ...]:

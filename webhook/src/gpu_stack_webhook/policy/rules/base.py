@@ -22,8 +22,10 @@ class Signal(enum.Enum):
     # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName
     # is a GPU runtime class (is_gpu_pod).
     GPU_POD = "gpu-pod"
-    # The pod runs under the NVIDIA runtime: a GPU pod, or any pod where that runtime is the node's
-    # default (config nvidiaRuntimeIsDefault).
+    # The pod runs under the NVIDIA runtime (a GPU pod, or any pod where that runtime is the node's
+    # default: config nvidiaRuntimeIsDefault) and names something that runtime reads from a pod spec:
+    # NVIDIA_VISIBLE_DEVICES in env, an envFrom source, a mount under its device list directory. A GPU
+    # pod always carries it (scope.py).
     NVIDIA_RUNTIME = "nvidia-runtime"
     # The MPS opt-in annotation, or a nodeSelector / required node affinity on an MPS label or on the
     # device plugin config label (mps.mps_selection).
