@@ -2,7 +2,8 @@
 """`make bench`, pod creation through a real API server (issue 18): our webhooks vs a bare allow-all.
 
     .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 3] [--creates 1500] [--quick]
-        [--part all|load|calls] [--calls-creates 1000] [--calls-rounds 3] [--calls-concurrency 20]
+        [--part all|load|calls] [--calls-creates 1000] [--latency-creates 2000] [--calls-rounds 3]
+        [--calls-concurrency 20]
 
 The `make e2e` control plane (hack/controlplane.py: etcd + kube-apiserver + kube-controller-manager
 v1.36) with the chart installed (default values). A ServiceAccount token POSTs two-container GPU pods
@@ -273,9 +274,10 @@ def webhook_configurations(cluster: e2elib.E2ECluster, release: e2elib.Release) 
 def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
                    keep: bool) -> None:
     """The release's configurations with the matchConditions the chart rendered (keep) or none at all."""
-    by_name = {obj["metadata"]["name"]: obj for obj in rendered}
+    # By kind and name: the chart names its mutating and validating configurations alike.
+    by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in rendered}
     for obj in webhook_configurations(cluster, release):
-        patch = (calls_.with_conditions(obj, by_name[obj["metadata"]["name"]]) if keep
+        patch = (calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]) if keep
                  else calls_.without_conditions(obj))
         if patch:
             cluster.kubectl("patch", obj["kind"].lower(), obj["metadata"]["name"], "--type=json",
@@ -353,15 +355,22 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
             print(f"  calls round {i} {config:34} {result.created}/{creates} created; per 1,000 creates: "
                   + ", ".join(f"{name} {kind} {run.per_1000((name, kind)):.0f}" for name, kind in counted), flush=True)
         set_conditions(bench.cluster, release, rendered, keep=True)
-        for state in ((calls_.OFF, calls_.ON) if i % 2 else (calls_.ON, calls_.OFF)):
+        # Each state's creates as two batches in mirrored order (off, on, on, off; reversed next round):
+        # the machine's speed drifts between batches by more than 5%, and a linear drift then falls on both.
+        order = (calls_.OFF, calls_.ON) if i % 2 else (calls_.ON, calls_.OFF)
+        parts: dict[str, calls_.LatencyRun] = {state: calls_.LatencyRun(round=i, state=state) for state in order}
+        for state in (*order, *reversed(order)):
             set_webhook(bench.cluster, release, rendered, namespace, on=state == calls_.ON)
-            result, _ = asyncio.run(counted_batch(bench, namespace, latency_creates, concurrency, plain_pod))
-            lat = calls_.LatencyRun(round=i, state=state, latencies_ms=[1000 * t for t in result.latencies],
-                                    total=latency_creates, failures=dict(result.failures))
-            latency.append(lat)
-            print(f"  latency round {i} {state:34} {result.created}/{latency_creates} created, "
-                  f"avg {lat.avg_ms:.1f} ms, "
-                  f"p99 {lat.percentile_ms(99):.1f} ms", flush=True)
+            half = latency_creates // 2
+            result, _ = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
+            part = parts[state]
+            part.latencies_ms += [1000 * t for t in result.latencies]
+            part.total += half
+            for what, n in result.failures.items():
+                part.failures[what] = part.failures.get(what, 0) + n
+            print(f"  latency round {i} {state:34} {result.created}/{half} created, "
+                  f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
+        latency += parts.values()
         set_webhook(bench.cluster, release, rendered, namespace, on=True)
     return calls, latency, calls_.conditions_of(rendered)
 
@@ -379,7 +388,7 @@ class Bench:
 @dataclass
 class CallsPlan:
     creates: int = 1000
-    latency_creates: int = 1000
+    latency_creates: int = 2000
     rounds: int = 3
     concurrency: int = 20
 
@@ -447,8 +456,10 @@ def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: lis
 
 
 def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
-    return [f"Latency batches: {plan.latency_creates:,} creates of the pod without GPU per batch, after a warm-up; "
-            f"ratio of the average latencies of the same round. Configurations switched by deleting them (off) "
+    return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
+            "in mirrored order (off, on, on, off; reversed the next round) so that a drift of the machine's speed "
+            "falls on both states alike, each batch after a warm-up; the ratio of the average latencies of the "
+            "same round. Configurations switched by deleting them (off) "
             "and creating them again as the chart rendered them (on), each time waiting until a dry-run GPU pod "
             "setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off).",
             f"Between `before` and `after` the matchConditions are patched out or back in, then the bench waits "
@@ -486,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="load: pod creation vs a bare allow-all (issue 18); calls: webhook calls per 1,000 "
                              "mixed creates and non-GPU latency on / off (issue 25); default: both")
     parser.add_argument("--calls-creates", type=int, default=CallsPlan.creates)
+    parser.add_argument("--latency-creates", type=int, default=CallsPlan.latency_creates,
+                        help="creates of the pod without GPU per state (webhook on / off) and round")
     parser.add_argument("--calls-rounds", type=int, default=CallsPlan.rounds)
     parser.add_argument("--calls-concurrency", type=int, default=CallsPlan.concurrency)
     args = parser.parse_args(argv)
@@ -496,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, meta = rounds_.load(args.from_runs)
     else:
         creates, rounds = (200, 1) if args.quick else (args.creates, args.rounds)
-        calls_plan = (CallsPlan(creates=args.calls_creates, latency_creates=300 if args.quick else args.calls_creates,
+        calls_plan = (CallsPlan(creates=args.calls_creates, latency_creates=300 if args.quick else args.latency_creates,
                                 rounds=1 if args.quick else args.calls_rounds, concurrency=args.calls_concurrency)
                       if args.part != "load" else None)
         measured_targets = tuple(args.targets) if args.part != "calls" else ()
