@@ -172,7 +172,7 @@ _MIG = ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.4
 
 @dataclass(frozen=True)
 class Shape:
-    """One kind of pod a workload creates over and over: what `pod_spec` builds for a body."""
+    """One kind of pod a workload creates over and over: what `_fill_pod` makes of the recorded pod."""
 
     name: str  # "gpu-03"
     kind: str  # a key of KIND_SHARE

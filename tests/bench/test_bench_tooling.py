@@ -102,6 +102,13 @@ def test_the_mix_is_thousands_of_distinct_bodies_of_at_least_50_shapes_in_the_st
         assert len({b.name for b in mix}) == len(bodies.SHAPES) >= 50
         for kind, share in bodies.KIND_SHARE.items():
             assert sum(KIND[b.name] == kind for b in mix) == round(share * len(mix)), (endpoint, kind)
+    # The shapes differ in the pod spec itself (containers, init containers, scheduling), not only in names.
+    specs = {}
+    for body in MIXES["validate"]:
+        spec = body.review["request"]["object"]["spec"]
+        specs.setdefault(body.name, json.dumps({k: spec.get(k) for k in (
+            "containers", "initContainers", "nodeSelector", "tolerations")}, sort_keys=True))
+    assert len(set(specs.values())) == len(bodies.SHAPES)
     # Both endpoints get the same shapes in the same order, and what the report says is what was counted.
     assert [b.name for b in MIXES["validate"]] == [b.name for b in MIXES["mutate"]]
     said = bodies.describe(MIXES["validate"], MIXES["mutate"])
