@@ -323,18 +323,21 @@ Calls = dict[tuple[str, str], float]
 
 
 async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: int,
-                        pods: Callable[[int], dict[str, Any]]) -> tuple[apiload.LoadResult, Calls]:
+                        pods: Callable[[int], dict[str, Any]]) -> tuple[apiload.LoadResult, Calls, float]:
     """Delete the namespace's pods, settle, a warm-up (one create per client, not counted), then `total`
-    creates; the webhook calls the API server counted during them, by (name, type)."""
+    creates; the webhook calls the API server counted during them, by (name, type), and the CPU seconds
+    the API server spent meanwhile."""
     token = bench.tokens[namespace]
     async with apiload.session(bench.context, concurrency) as client:
         await delete_pods(client, bench.url, token, namespace)
         settle(bench.quiet_pids)
         await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
         before = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]])
         result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
         after = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
-    return result, calls_.delta(after, before)
+    return result, calls_.delta(after, before), cpu
 
 
 def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
@@ -347,7 +350,7 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
     for i in range(1, rounds + 1):
         for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
             set_conditions(bench.cluster, release, rendered, keep=config == calls_.AFTER)
-            result, counted = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
+            result, counted, _ = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
             run = calls_.CallsRun(round=i, config=config, creates=creates, created=result.created,
                                   gpu_pods=sum(calls_.gpu_at(n) for n in range(creates)), calls=counted,
                                   failures=dict(result.failures))
@@ -362,8 +365,9 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
         for state in (*order, *reversed(order)):
             set_webhook(bench.cluster, release, rendered, namespace, on=state == calls_.ON)
             half = latency_creates // 2
-            result, _ = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
+            result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
             part = parts[state]
+            part.apiserver_cpu_s += cpu
             part.latencies_ms += [1000 * t for t in result.latencies]
             part.total += half
             for what, n in result.failures.items():

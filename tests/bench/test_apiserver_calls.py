@@ -86,6 +86,7 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     calls = [ac.CallsRun(round=1, config=ac.BEFORE, creates=500, created=500, gpu_pods=50, calls={m: 500, v: 500}),
              ac.CallsRun(round=1, config=ac.AFTER, creates=500, created=499, gpu_pods=50, calls={m: 50, v: 50})]
     latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 103)]
+    latency[0].apiserver_cpu_s, latency[1].apiserver_cpu_s = 0.03, 0.04  # 10 creates each
     text = ac.render(calls, latency, stamp="Run: 2026-01-01 00:00 UTC, commit abc, `make bench`.", command="make bench",
                      conditions={"mutate.gpu-stack.io": 2, "validate.gpu-stack.io": 2}, concurrency=20)
     assert text.startswith(ac.BEGIN) and text.rstrip().endswith(ac.END)
@@ -94,5 +95,5 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     assert f"| {ac.AFTER} | validate.gpu-stack.io | validating | 100 | 100 | 1 |" in text
     assert "50 of them (10%) asking for a GPU" in text
     assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
-    assert "| 1 | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 0 |" in text
+    assert "| 1 | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
     assert "(median over the rounds of avg(on) / avg(off): 1.03x): **met**." in text
