@@ -65,10 +65,13 @@ demo: $(STAMP) helm
 	$(PY) hack/demo.py
 
 # In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
-# baseline under wrk (bench/run_bench.py, ~6 min, `--quick` ~1 min; installs wrk with apt-get when root:
-# issue 14's targets per round, py-spy flame graphs into bench/flamegraphs/), then many keep-alive
-# clients (bench/many_clients.py) and pod creates through the make-e2e API server
-# (bench/apiserver_load.py, 3 rounds; --rounds 5 for a sign-off run). Writes BENCHMARKS.md.
+# baseline under wrk (bench/run_bench.py, ~9 min, `--quick` ~3 min; installs wrk with apt-get when root:
+# issue 14's targets per round on the pod mix of issue 26 with one identical body beside, py-spy flame
+# graphs into bench/flamegraphs/), then many keep-alive clients (bench/many_clients.py) and pod creates
+# through the make-e2e API server (bench/apiserver_load.py: issue 18's comparison, 3 rounds, --rounds 5
+# for a sign-off run; then issue 25's webhook calls per 1,000 mixed creates without / with the chart's
+# matchConditions and non-GPU create latency with the webhook on / off). Writes BENCHMARKS.md, every part
+# stamped with its run (date, commit, command).
 bench: $(STAMP) helm
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md

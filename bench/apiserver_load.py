@@ -2,6 +2,8 @@
 """`make bench`, pod creation through a real API server (issue 18): our webhooks vs a bare allow-all.
 
     .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 3] [--creates 1500] [--quick]
+        [--part all|load|calls] [--calls-creates 1000] [--latency-creates 2000] [--calls-rounds 3]
+        [--calls-concurrency 20]
 
 The `make e2e` control plane (hack/controlplane.py: etcd + kube-apiserver + kube-controller-manager
 v1.36) with the chart installed (default values). A ServiceAccount token POSTs two-container GPU pods
@@ -23,6 +25,14 @@ client (not counted), then the measured batch. Recorded per batch: the machine's
 the API server / etcd / webhook server from /proc, webhook calls per pod, Go GC cycles of the API server
 (its /metrics) and etcd compactions (etcd's /metrics). The section is written into --out between
 markers, replacing the previous one.
+
+Second part (issue 25 item 6; bench/apiserver_calls.py), same control plane and release, configurations
+pointed at our webhook: `--calls-creates` mixed creates (every 10th pod asks for a GPU, the rest none)
+under (a) the chart's rendered configurations with every matchConditions removed and (b) as the chart
+renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
+by webhook name and type) per 1,000 creates; then creates of the pod without GPU with the configurations
+as rendered (on) and with no configurations at all (off), the ratio of the average latencies per round
+(target: within 5%). Its own section, between its own markers. `--part load|calls` runs one part only.
 """
 
 from __future__ import annotations
@@ -38,13 +48,17 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import apiserver_calls as calls_  # noqa: E402
 import apiserver_rounds as rounds_  # noqa: E402
 import many_clients  # noqa: E402
+import provenance  # noqa: E402
 from apiserver_rounds import BARE, BARE_ANSWERS, NONE, OURS, TARGETS, Run  # noqa: E402
 
 from tests.e2e import apiload, e2elib  # noqa: E402
@@ -57,6 +71,7 @@ SETTLE_LIMIT = 20.0
 TICKS = os.sysconf("SC_CLK_TCK")
 WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 HOOKS = ("mutate.gpu-stack.io", "validate.gpu-stack.io")
+CONFIG_SETTLE = 3.0  # seconds after patching matchConditions before counting (set_conditions)
 EXPECT = {BARE: "admitted", BARE_ANSWERS: "warned", OURS: "denied"}  # how each answers point_at's probe
 
 
@@ -251,6 +266,119 @@ async def one_batch(bench: Bench, run: Run, namespace: str, hook: e2elib.LiveWeb
     run.compactions = round(after.compactions - before.compactions)
 
 
+# --- issue 25: webhook calls per 1,000 mixed creates, non-GPU latency with the webhook on and off -------
+def webhook_configurations(cluster: e2elib.E2ECluster, release: e2elib.Release) -> list[dict[str, Any]]:
+    return [obj for kind in e2elib.WEBHOOK_KINDS for obj in cluster.get_json(kind, "-l", release.selector)["items"]]
+
+
+def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
+                   keep: bool) -> None:
+    """The release's configurations with the matchConditions the chart rendered (keep) or none at all."""
+    # By kind and name: the chart names its mutating and validating configurations alike.
+    by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in rendered}
+    for obj in webhook_configurations(cluster, release):
+        patch = (calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]) if keep
+                 else calls_.without_conditions(obj))
+        if patch:
+            cluster.kubectl("patch", obj["kind"].lower(), obj["metadata"]["name"], "--type=json",
+                            "-p", json.dumps(patch))
+    time.sleep(CONFIG_SETTLE)  # the API server's informer sees the change within this (see the notes)
+
+
+def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list[dict[str, Any]], namespace: str,
+                on: bool) -> None:
+    """No webhook configurations at all (off), or the saved ones created again (on); then wait until the
+    API server acts on it: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied only when on."""
+    current = webhook_configurations(cluster, release)
+    if not on:
+        for obj in current:
+            cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"])
+    elif not current:
+        keep = ("name", "labels", "annotations")
+        fresh = [{**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k in keep}} for obj in saved]
+        cluster.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": fresh}))
+    probe = apiload.pod_body()
+    probe["metadata"] = {"name": "bench-switch-probe"}
+    probe["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    deadline = time.monotonic() + 60
+    while True:
+        proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe),
+                               check=False)
+        if ("denied the request" in proc.stderr) if on else proc.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API server did not switch the webhook {'on' if on else 'off'}: {proc.stderr}")
+        time.sleep(0.3)
+
+
+def mixed_pod(index: int) -> dict[str, Any]:
+    return apiload.pod_body(gpu=calls_.gpu_at(index))
+
+
+def plain_pod(index: int) -> dict[str, Any]:
+    return apiload.pod_body(gpu=False)
+
+
+Calls = dict[tuple[str, str], float]
+
+
+async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: int,
+                        pods: Callable[[int], dict[str, Any]]) -> tuple[apiload.LoadResult, Calls, float]:
+    """Delete the namespace's pods, settle, a warm-up (one create per client, not counted), then `total`
+    creates; the webhook calls the API server counted during them, by (name, type), and the CPU seconds
+    the API server spent meanwhile."""
+    token = bench.tokens[namespace]
+    async with apiload.session(bench.context, concurrency) as client:
+        await delete_pods(client, bench.url, token, namespace)
+        settle(bench.quiet_pids)
+        await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
+        before = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]])
+        result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
+        after = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
+    return result, calls_.delta(after, before), cpu
+
+
+def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
+                  rounds: int, concurrency: int
+                  ) -> tuple[list[calls_.CallsRun], list[calls_.LatencyRun], dict[str, int]]:
+    """Issue 25 item 6, with the configurations already pointed at our webhook."""
+    rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
+    calls: list[calls_.CallsRun] = []
+    latency: list[calls_.LatencyRun] = []
+    for i in range(1, rounds + 1):
+        for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
+            set_conditions(bench.cluster, release, rendered, keep=config == calls_.AFTER)
+            result, counted, _ = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
+            run = calls_.CallsRun(round=i, config=config, creates=creates, created=result.created,
+                                  gpu_pods=sum(calls_.gpu_at(n) for n in range(creates)), calls=counted,
+                                  failures=dict(result.failures))
+            calls.append(run)
+            print(f"  calls round {i} {config:34} {result.created}/{creates} created; per 1,000 creates: "
+                  + ", ".join(f"{name} {kind} {run.per_1000((name, kind)):.0f}" for name, kind in counted), flush=True)
+        set_conditions(bench.cluster, release, rendered, keep=True)
+        # Each state's creates as two batches in mirrored order (off, on, on, off; reversed next round):
+        # the machine's speed drifts between batches by more than 5%, and a linear drift then falls on both.
+        order = (calls_.OFF, calls_.ON) if i % 2 else (calls_.ON, calls_.OFF)
+        parts: dict[str, calls_.LatencyRun] = {state: calls_.LatencyRun(round=i, state=state) for state in order}
+        for state in (*order, *reversed(order)):
+            set_webhook(bench.cluster, release, rendered, namespace, on=state == calls_.ON)
+            half = latency_creates // 2
+            result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
+            part = parts[state]
+            part.apiserver_cpu_s += cpu
+            part.latencies_ms += [1000 * t for t in result.latencies]
+            part.total += half
+            for what, n in result.failures.items():
+                part.failures[what] = part.failures.get(what, 0) + n
+            print(f"  latency round {i} {state:34} {result.created}/{half} created, "
+                  f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
+        latency += parts.values()
+        set_webhook(bench.cluster, release, rendered, namespace, on=True)
+    return calls, latency, calls_.conditions_of(rendered)
+
+
 class Bench:
     def __init__(self, plane: Any, cluster: e2elib.E2ECluster) -> None:
         self.cluster = cluster
@@ -261,14 +389,32 @@ class Bench:
         self.quiet_pids = list(self.pids.values())
 
 
+@dataclass
+class CallsPlan:
+    creates: int = 1000
+    latency_creates: int = 2000
+    rounds: int = 3
+    concurrency: int = 20
+
+
+@dataclass
+class CallsResult:
+    calls: list[calls_.CallsRun]
+    latency: list[calls_.LatencyRun]
+    conditions: dict[str, int]
+    seconds: float
+
+
 def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: list[int],
-            targets: tuple[str, ...]) -> tuple[list[Run], dict[str, Any]]:
+            targets: tuple[str, ...], calls_plan: CallsPlan | None = None
+            ) -> tuple[list[Run], dict[str, Any], CallsResult | None]:
     cluster = e2elib.E2ECluster.from_controlplane(plane, tmp / "helm-home")
     releases = e2elib.Releases(cluster)
     ours = e2elib.LiveWebhook(cluster, tmp / "webhook")
     bare = apiload.BareWebhook(cluster, tmp / "bare")
     answering = apiload.BareWebhook(cluster, tmp / "bare-answers")
     runs: list[Run] = []
+    calls_result = None
     try:
         release, _ = releases.install()
         judged = cluster.create_namespace()
@@ -297,11 +443,33 @@ def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: lis
                           f"avg {run.avg_ms:.0f} ms, p99 {run.percentile_ms(99):.0f} ms, load {run.load1:.1f}, "
                           f"settle {run.settle_s:.1f} s, API server {run.apiserver_cpu_ms:.2f} ms/pod"
                           + (f", failures {dict(run.failures.most_common(2))}" if run.failures else ""), flush=True)
+        if calls_plan is not None:
+            print("webhook calls per 1,000 mixed creates, and non-GPU creates with the webhook on / off (issue 25)",
+                  flush=True)
+            began = time.monotonic()
+            point_at(cluster, ours, release, judged, EXPECT[OURS])
+            calls, latency, conditions = measure_calls(bench, release, judged, calls_plan.creates,
+                                                       calls_plan.latency_creates, calls_plan.rounds,
+                                                       calls_plan.concurrency)
+            calls_result = CallsResult(calls, latency, conditions, time.monotonic() - began)
     finally:
         for hook in (ours, bare, answering):
             hook.stop()
         releases.cleanup()
-    return runs, answer
+    return runs, answer, calls_result
+
+
+def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
+    return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
+            "in mirrored order (off, on, on, off; reversed the next round) so that a drift of the machine's speed "
+            "falls on both states alike, each batch after a warm-up; the ratio of the average latencies of the "
+            "same round. Configurations switched by deleting them (off) "
+            "and creating them again as the chart rendered them (on), each time waiting until a dry-run GPU pod "
+            "setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off).",
+            f"Between `before` and `after` the matchConditions are patched out or back in, then the bench waits "
+            f"{CONFIG_SETTLE:g} s (the API server's informer applies a configuration change within milliseconds on "
+            "loopback) and sends a warm-up batch before counting.",
+            f"This part took {result.seconds:.0f} s."]
 
 
 def notes(answer: dict[str, Any], seconds: float) -> list[str]:
@@ -329,26 +497,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-runs", type=Path, help="also write every run's raw figures here (JSON)")
     parser.add_argument("--from-runs", type=Path, help="measure nothing: render the runs --save-runs wrote")
     parser.add_argument("--quick", action="store_true", help="one round of 200 creates (smoke test)")
+    parser.add_argument("--part", choices=("all", "load", "calls"), default="all",
+                        help="load: pod creation vs a bare allow-all (issue 18); calls: webhook calls per 1,000 "
+                             "mixed creates and non-GPU latency on / off (issue 25); default: both")
+    parser.add_argument("--calls-creates", type=int, default=CallsPlan.creates)
+    parser.add_argument("--latency-creates", type=int, default=CallsPlan.latency_creates,
+                        help="creates of the pod without GPU per state (webhook on / off) and round")
+    parser.add_argument("--calls-rounds", type=int, default=CallsPlan.rounds)
+    parser.add_argument("--calls-concurrency", type=int, default=CallsPlan.concurrency)
     args = parser.parse_args(argv)
+    calls_result: CallsResult | None = None
+    calls_plan: CallsPlan | None = None
+    stamp = command = ""
     if args.from_runs:
         runs, meta = rounds_.load(args.from_runs)
     else:
         creates, rounds = (200, 1) if args.quick else (args.creates, args.rounds)
+        calls_plan = (CallsPlan(creates=args.calls_creates, latency_creates=300 if args.quick else args.latency_creates,
+                                rounds=1 if args.quick else args.calls_rounds, concurrency=args.calls_concurrency)
+                      if args.part != "load" else None)
+        measured_targets = tuple(args.targets) if args.part != "calls" else ()
         given = argv if argv is not None else sys.argv[1:]
+        command = "make bench" if not given else "bench/apiserver_load.py " + " ".join(given)
+        stamp = provenance.stamp(command)  # the checkout measured, before the run writes anything
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="gpu-stack-apiload-") as tmp_name, \
                 e2elib.controlplane.connect(prepare=True) as plane:
-            runs, answer = measure(plane, Path(tmp_name), creates, rounds, args.concurrency, tuple(args.targets))
-        meta = {"command": "make bench" if not given else "bench/apiserver_load.py " + " ".join(given),
+            runs, answer, calls_result = measure(plane, Path(tmp_name), creates, rounds, args.concurrency,
+                                                 measured_targets, calls_plan)
+        meta = {"command": command, "stamp": stamp,
                 "creates": creates, "rounds": rounds, "concurrencies": args.concurrency, "targets": args.targets,
                 "answer": answer, "seconds": time.monotonic() - started}
         if args.save_runs:
             rounds_.save(runs, args.save_runs, meta)
-    section = rounds_.render(runs, command=meta["command"], creates=meta["creates"], rounds=meta["rounds"],
-                             concurrencies=meta["concurrencies"], targets=meta["targets"],
-                             notes=notes(meta["answer"], meta["seconds"]))
-    many_clients.write_section(args.out, section, rounds_.BEGIN, rounds_.END)
-    print(section)
+    if runs:
+        section = rounds_.render(runs, command=meta["command"], creates=meta["creates"], rounds=meta["rounds"],
+                                 concurrencies=meta["concurrencies"], targets=meta["targets"],
+                                 notes=notes(meta["answer"], meta["seconds"]), stamp=meta.get("stamp", ""))
+        many_clients.write_section(args.out, section, rounds_.BEGIN, rounds_.END)
+        print(section)
+    if not args.from_runs and calls_result is not None and calls_plan is not None:
+        calls_section = calls_.render(calls_result.calls, calls_result.latency, stamp=stamp, command=command,
+                                      conditions=calls_result.conditions, concurrency=calls_plan.concurrency,
+                                      notes=calls_notes(calls_result, calls_plan))
+        many_clients.write_section(args.out, calls_section, calls_.BEGIN, calls_.END)
+        print(calls_section)
     return 0
 
 

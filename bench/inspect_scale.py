@@ -37,6 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "inspect"))
 import inspect_cluster  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402
+import report as report_writer  # noqa: E402
+
 BIN = Path(sys.executable).parent
 LABEL_KEY, LABEL_VALUE = "gpu-stack.io/e2e", "scale"
 SELECTOR = f"{LABEL_KEY}={LABEL_VALUE}"
@@ -187,6 +191,8 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
         BEGIN,
         "## `kubectl gpu-stack inspect` at scale (bench/inspect_scale.py)",
         "",
+        provenance.stamp("make bench-inspect"),
+        "",
         f"* Command: `make bench-inspect`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} CPUs, Linux {platform.release()}, CPython {platform.python_version()}; "
         "API server, etcd, controller manager and the command on the same machine, shared with other work "
@@ -216,13 +222,7 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
 
 def write_report(text: str) -> None:
     REPORT.write_text(text, encoding="utf-8")
-    current = BENCHMARKS.read_text(encoding="utf-8")
-    if BEGIN in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text
-    BENCHMARKS.write_text(current, encoding="utf-8")
+    report_writer.write_section(BENCHMARKS, text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> int:

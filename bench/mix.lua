@@ -3,7 +3,10 @@
 --   BENCH_RESULT=out.json wrk -t1 -c32 -d8s -s bench/mix.lua https://127.0.0.1:8443 -- MANIFEST [RATE THREADS]
 --
 -- MANIFEST: lines `path<TAB>file` (bench/bodies.py writes them); each thread starts at a different
--- body and rotates through all of them.
+-- body and rotates through all of them. Every occurrence of SERIAL (bodies.SERIAL_MARK, 12 characters:
+-- the end of the request uid, and on /validate of the pod's name and uid) is replaced on each send by
+-- a 12-digit serial (thread id, a per-run start from the clock, a counter), so no two requests of a
+-- run carry the same uid or name, as from an API server; a body without it is sent as it is.
 -- RATE (requests/s, whole run; 0 or absent = closed loop) and THREADS (wrk's -t): every thread keeps a
 -- fixed schedule of send times (RATE / THREADS per thread, evenly spaced) and a connection that becomes free claims the next
 -- slot and sleeps until it (wrk's delay()). wrk starts its latency clock when the request is written,
@@ -32,13 +35,28 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
-local requests = {}
+local SERIAL = "serialnumber"
+local requests = {}  -- each: the formatted request cut at every SERIAL (one piece: no SERIAL)
 local index = 0
+local serial = 0
 local interval = 0   -- ms between sends of this thread; 0: closed loop
 local nthreads = 1
 local start = nil
 local slot = 0
 late, worst_late_ms = 0, 0
+
+function split(text)
+  local pieces, start = {}, 1
+  while true do
+    local i, j = text:find(SERIAL, start, true)
+    if not i then
+      table.insert(pieces, text:sub(start))
+      return pieces
+    end
+    table.insert(pieces, text:sub(start, i - 1))
+    start = j + 1
+  end
+end
 
 function init(args)
   local manifest = args[1]
@@ -50,12 +68,14 @@ function init(args)
       local bf = assert(io.open(file, "rb"))
       local body = bf:read("*a")
       bf:close()
-      table.insert(requests, wrk.format("POST", path, { ["Content-Type"] = "application/json" }, body))
+      table.insert(requests, split(wrk.format("POST", path, { ["Content-Type"] = "application/json" }, body)))
     end
   end
   f:close()
   assert(#requests > 0, "no request bodies in " .. manifest)
   index = (id or 1) - 1
+  -- 2 digits of thread, 10 of serial (modulo 10^10, so always 12 digits): a per-run start from the clock.
+  serial = (os.time() % 99999) * 100000
   nthreads = tonumber(args[3] or "1") or 1
   if rate > 0 then
     interval = 1000.0 * nthreads / rate
@@ -90,7 +110,12 @@ end
 
 function request()
   index = index % #requests + 1
-  return requests[index]
+  local pieces = requests[index]
+  if #pieces == 1 then
+    return pieces[1]
+  end
+  serial = serial + 1
+  return table.concat(pieces, string.format("%02d%010d", (id or 1) % 100, serial % 10000000000))
 end
 
 function done(summary, latency, requests_stats)

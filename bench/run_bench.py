@@ -11,7 +11,11 @@ What runs (all on 127.0.0.1, in a private network namespace when root so the TCP
 * the baseline: bench/baseline_app.py, a bare WSGI app that parses the body and allows, served by the
   same gunicorn settings (gunicorn_conf.settings) and the same certificate.
 
-wrk (bench/mix.lua) replays the mix of bench/bodies.py over persistent TLS connections. Every
+wrk (bench/mix.lua) replays bodies of bench/bodies.py over persistent TLS connections. The headline and
+the targets: the pod mix (`bodies.pod_mix`: 3,000 pod CREATEs of 60 shapes, 70% without GPU, uid and
+name unique per request), judged with the policy the chart renders for Chart-values-examples/
+per-node-configs.yaml (exclusive, time-sliced, MPS and MIG nodes); beside it the same rounds on one
+identical body (issue 14's 3-container GPU pod), the best case for the webhook's memos. Every
 measurement alternates the servers (baseline, validate, mutate, baseline, ...) and reports the
 median of the rounds, so a noisy neighbour hits all of them alike. Latency is measured at a fixed
 offered rate (mix.lua paces sends on a schedule, see there), throughput closed loop at saturation.
@@ -160,12 +164,14 @@ def worker_connections(pid: int, workers: list[int], port: int) -> dict[int, int
     return out
 
 
-def chart_default_policy() -> str:
-    """The policy the chart serves with its default values (`helm template`, ConfigMap <release>-webhook-policy):
-    what `helm install gpu-stack charts/gpu-stack` runs, e.g. with injectRuntimeClassName: nvidia."""
+def chart_policy(values: Path | None = None) -> str:
+    """The policy the chart serves (`helm template`, ConfigMap <release>-webhook-policy) with its default
+    values plus `values`: what `helm install gpu-stack charts/gpu-stack [-f values]` runs, e.g. with
+    injectRuntimeClassName: nvidia."""
     helm = subprocess.run([str(REPO_ROOT / "hack" / "ensure-helm.sh"), "3"], capture_output=True, text=True,
                           check=True).stdout.strip().splitlines()[-1]
-    rendered = subprocess.run([helm, "template", "gpu-stack", str(REPO_ROOT / "charts" / "gpu-stack")],
+    rendered = subprocess.run([helm, "template", "gpu-stack", str(REPO_ROOT / "charts" / "gpu-stack"),
+                               *(["-f", str(values)] if values else [])],
                               capture_output=True, text=True, check=True).stdout
     for doc in yaml.safe_load_all(rendered):
         if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-webhook-policy"):
@@ -443,6 +449,18 @@ def inprocess_rules(number: int) -> list[dict[str, Any]]:
     return rows
 
 
+def distinct_patches(mutate: list[bodies.Body], policy_text: str) -> int:
+    """How many different JSONPatches the webhook answers over the /mutate bodies (in-process): the
+    fewer, the more often its diff memo and last-encoded-patch cache hit in the mix."""
+    policy = Policy(parse_config(yaml.safe_load(policy_text) or {}))
+    patches = set()
+    for body in mutate:
+        response = json.loads(answer(Endpoint.MUTATE, bodies.stamp(body.data, 1), policy).body)["response"]
+        if "patch" in response:
+            patches.add(response["patch"])
+    return len(patches)
+
+
 # --- the run ---------------------------------------------------------------------------------------------
 
 
@@ -537,8 +555,11 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         write_loopback_pki(tmp)
         policy_file = tmp / "policy.yaml"
-        policy_file.write_text(chart_default_policy())
+        policy_text = chart_policy(bodies.MIX_VALUES)
+        policy_file.write_text(policy_text)
         manifests = {ep: bodies.write_manifest(bodies.mix(ep), tmp / "bodies", ep) for ep in bodies.ENDPOINTS}
+        mixes = {ep: bodies.pod_mix(ep) for ep in bodies.ENDPOINTS}
+        pod_mix = {ep: bodies.write_manifest(mixes[ep], tmp / "mix", f"mix-{ep}") for ep in bodies.ENDPOINTS}
         pod3 = {ep: bodies.write_manifest([bodies.gpu_pod_3c(ep)], tmp / "bodies", f"gpu-pod-3c-{ep}")
                 for ep in bodies.ENDPOINTS}
         size_manifests = {
@@ -563,22 +584,32 @@ def main(argv: list[str] | None = None) -> int:
         wrk = Wrk(wrk_binary, tmp)
         results: dict[str, Any] = {"machine": machine(), "workers": args.workers, "threads": args.threads,
                                    "netns": in_netns, "plan": plan.__dict__, "bench_policy": policy_bench,
-                                   "loadavg_before": os.getloadavg()}
+                                   "loadavg_before": os.getloadavg(),
+                                   "mix": {**bodies.describe(mixes["validate"], mixes["mutate"]),
+                                           "distinct_patches": distinct_patches(mixes["mutate"], policy_text)}}
         try:
             hook.start()
             baseline.start()
             results["memory_idle"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
-            targets = [("baseline", baseline, pod3["validate"]), ("validate", hook, pod3["validate"]),
-                       ("mutate", hook, pod3["mutate"])]
+            # The bare allow-all gets the bodies /validate gets (its answer does not depend on the path).
+            targets = [("baseline", baseline, pod_mix["validate"]), ("validate", hook, pod_mix["validate"]),
+                       ("mutate", hook, pod_mix["mutate"])]
+            same = [("baseline", baseline, pod3["validate"]), ("validate", hook, pod3["validate"]),
+                    ("mutate", hook, pod3["mutate"])]
             print("warm-up", flush=True)
-            for name, server, manifest in targets:
+            for name, server, manifest in [*targets, *same]:
                 wrk.run(name, server, manifest, plan.warmup_s, plan.saturation_connections)
 
-            print(f"saturation (closed loop, {plan.saturation_connections} keep-alive connections, 3-container "
-                  "GPU pod x 20 env vars)", flush=True)
+            print(f"saturation (closed loop, {plan.saturation_connections} keep-alive connections, the pod mix: "
+                  f"{len(mixes['validate']):,} bodies of {len(bodies.SHAPES)} shapes)", flush=True)
             results["saturation"] = alternate(wrk, targets, plan.rounds, plan.saturation_s,
                                               plan.saturation_connections, slices=plan.saturation_slices)
-            print(f"fixed rate {plan.paced_rate}/s ({plan.paced_connections} connections, /validate)", flush=True)
+            print(f"saturation (closed loop, {plan.saturation_connections} keep-alive connections, one identical "
+                  "body: the 3-container GPU pod x 20 env vars)", flush=True)
+            results["saturation_same"] = alternate(wrk, same, plan.rounds, plan.saturation_s,
+                                                   plan.saturation_connections, slices=plan.saturation_slices)
+            print(f"fixed rate {plan.paced_rate}/s ({plan.paced_connections} connections, /validate, the pod mix)",
+                  flush=True)
             results["paced"] = alternate(wrk, targets[:2], plan.paced_rounds, plan.paced_s, plan.paced_connections,
                                          plan.paced_rate)
             results["memory_loaded"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
@@ -597,11 +628,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"flame graph: py-spy --gil on both workers, /{ep} at saturation, {plan.profile_s} s "
                           f"-> {svg}", flush=True)
                     results["flamegraphs"][ep] = {
-                        "svg": svg, "skipped": flamegraph.record(hook, wrk, pod3[ep], plan.profile_s,
+                        "svg": svg, "skipped": flamegraph.record(hook, wrk, pod_mix[ep], plan.profile_s,
                                                                  plan.saturation_connections, svg)}
                 print(f"profile: py-spy --gil on the workers, /validate at saturation, {plan.profile_s} s",
                       flush=True)
-                results["profile"] = profile_worker(hook, wrk, pod3["validate"], plan.profile_s,
+                results["profile"] = profile_worker(hook, wrk, pod_mix["validate"], plan.profile_s,
                                                     plan.saturation_connections, tmp)
         finally:
             hook.stop()

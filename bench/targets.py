@@ -1,8 +1,9 @@
 """Issue 14's targets, judged from one `make bench` run (bench/run_bench.py) for BENCHMARKS.md.
 
-* /validate >= 0.80x and /mutate (with a patch) >= 0.70x the bare allow-all's throughput, in every
-  round (the ratio of each round uses the baseline of the same round), with both gunicorn workers
-  holding connections in every round and zero errors;
+* /validate >= 0.80x and /mutate (with patches) >= 0.70x the bare allow-all's throughput on the pod mix
+  (issue 26: bench/bodies.py `pod_mix`), in every round (the ratio of each round uses the baseline of the
+  same round), with both gunicorn workers holding connections in every round and zero errors; the same
+  rounds on one identical body are shown beside them, not judged;
 * p99 <= 6 ms on /validate at a fixed 1,000 reviews/s, every round, next to the bare stack's p99;
 * worker VmRSS <= 60 MB after the 200-container sweep; no growth over the soak (`make soak`, which
   writes bench/soak.md).
@@ -49,9 +50,20 @@ def soak_verdict() -> tuple[str, bool | None]:
     return "bench/soak.md has no verdict line", False
 
 
+def _round_table(title: str, sat: dict[str, Any], v_ratios: list[float], m_ratios: list[float]) -> list[str]:
+    out = [title, "", "| round | baseline reviews/s | /validate reviews/s | x baseline | /mutate reviews/s | "
+           "x baseline | connections per worker (b / v / m) | errors |", "|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for i in range(len(sat["baseline"].runs)):
+        b, v, m = (sat[n].runs[i] for n in ("baseline", "validate", "mutate"))
+        out.append(f"| {i + 1} | {b.rps:,.0f} | {v.rps:,.0f} | {v_ratios[i]:.2f} | {m.rps:,.0f} | {m_ratios[i]:.2f} | "
+                   f"{_spread(b)} / {_spread(v)} / {_spread(m)} | {b.errors + v.errors + m.errors} |")
+    out.append("")
+    return out
+
+
 def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     sat, paced, plan = results["saturation"], results["paced"], results["plan"]
-    rounds = len(sat["baseline"].runs)
+    same = results.get("saturation_same") or {}
     out = ["## Targets (issue 14)", ""]
     w = out.append
     slices = plan.get("saturation_slices", 1)
@@ -60,20 +72,17 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
              f"alike)" if slices > 1 else "")
     w(f"Same run, rounds alternating baseline / validate / mutate (order reversed every other round); "
       f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
-      f"server per round{split}; the body is the recorded GPU pod with 3 containers x 20 env vars (/mutate: with the "
-      f"MPS annotation, so the answer carries a patch); the chart's default policy (`helm template`, so /mutate "
-      f"also sets runtimeClassName), default log level (info). Connections per "
-      f"worker: established sockets in each worker's /proc/PID/fd, sampled mid-round (baseline / validate / mutate).")
+      f"server per round{split}; the pod mix (see above; /mutate patches its GPU, MPS and MIG pods). The same "
+      f"rounds on one identical body (the recorded GPU pod with 3 containers x 20 env vars; /mutate: with the MPS "
+      f"annotation, so the answer carries a patch) ran after them and are shown beside, not judged: the best case. "
+      f"Connections per worker: established sockets in each worker's /proc/PID/fd, sampled mid-round "
+      f"(baseline / validate / mutate).")
     w("")
-    w("| round | baseline reviews/s | /validate reviews/s | x baseline | /mutate reviews/s | x baseline | "
-      "connections per worker (b / v / m) | errors |")
-    w("|---:|---:|---:|---:|---:|---:|---|---:|")
     v_ratios, m_ratios = round_ratios(sat, "validate"), round_ratios(sat, "mutate")
-    for i in range(rounds):
-        b, v, m = (sat[n].runs[i] for n in ("baseline", "validate", "mutate"))
-        w(f"| {i + 1} | {b.rps:,.0f} | {v.rps:,.0f} | {v_ratios[i]:.2f} | {m.rps:,.0f} | {m_ratios[i]:.2f} | "
-          f"{_spread(b)} / {_spread(v)} / {_spread(m)} | {b.errors + v.errors + m.errors} |")
-    w("")
+    out.extend(_round_table("The pod mix (judged):", sat, v_ratios, m_ratios))
+    if same:
+        out.extend(_round_table("One identical body (not judged: every review hits the webhook's memos):", same,
+                                round_ratios(same, "validate"), round_ratios(same, "mutate")))
     p_base, p_val = paced["baseline"].runs, paced["validate"].runs
     w(f"Fixed rate: {plan['paced_rate']:,} reviews/s offered on /validate (open loop: bench/mix.lua paces wrk's "
       f"sends on a fixed schedule over {plan['paced_connections']} connections and counts sends that missed their "
@@ -86,7 +95,7 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
           f"{v.latency_us['p50'] / 1000:.2f} / {v.latency_us['p99'] / 1000:.2f} | {v.rps:,.0f} | {b.late} / {v.late} |")
     w("")
 
-    errors = sum(r.errors for s in sat.values() for r in s.runs) + sum(r.errors for s in paced.values() for r in s.runs)
+    errors = sum(r.errors for s in [*sat.values(), *same.values(), *paced.values()] for r in s.runs)
     spreads = [spread_ok(r) for s in sat.values() for r in s.runs]
     p99s = [r.latency_us["p99"] / 1000 for r in p_val]
     bare_p99s = [r.latency_us["p99"] / 1000 for r in p_base]
@@ -95,12 +104,12 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     fmt = ", ".join
     w("| target | per round | result |")
     w("|---|---|---|")
-    w(f"| /validate >= {VALIDATE_RATIO:.2f}x the bare allow-all, every round | {fmt(f'{x:.2f}' for x in v_ratios)} | "
-      f"{verdict(bool(v_ratios) and min(v_ratios) >= VALIDATE_RATIO)} |")
-    w(f"| /mutate (patched) >= {MUTATE_RATIO:.2f}x the bare allow-all, every round | "
+    w(f"| /validate >= {VALIDATE_RATIO:.2f}x the bare allow-all, every round (pod mix) | "
+      f"{fmt(f'{x:.2f}' for x in v_ratios)} | {verdict(bool(v_ratios) and min(v_ratios) >= VALIDATE_RATIO)} |")
+    w(f"| /mutate (patched) >= {MUTATE_RATIO:.2f}x the bare allow-all, every round (pod mix) | "
       f"{fmt(f'{x:.2f}' for x in m_ratios)} | {verdict(bool(m_ratios) and min(m_ratios) >= MUTATE_RATIO)} |")
     w(f"| connections on both workers, every round | {sum(spreads)} of {len(spreads)} runs | {verdict(all(spreads))} |")
-    w(f"| zero errors (saturation and fixed rate) | {errors} | {verdict(errors == 0)} |")
+    w(f"| zero errors (saturation, both bodies, and fixed rate) | {errors} | {verdict(errors == 0)} |")
     w(f"| /validate p99 <= {P99_MS:.0f} ms at {plan['paced_rate']:,}/s, every round (bare p99 beside) | "
       f"{fmt(f'{x:.2f}' for x in p99s)} ms (bare {fmt(f'{x:.2f}' for x in bare_p99s)} ms) | "
       f"{verdict(bool(p99s) and max(p99s) <= P99_MS)} |")
@@ -118,6 +127,6 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
             else:
                 links.append(f"[/{ep}]({os.path.relpath(g['svg'], out_dir)})")
         w(f"Flame graphs under load (py-spy `record --gil --subprocesses` on the gunicorn master, both workers, "
-          f"{plan['profile_s']} s at saturation, this run): " + ", ".join(links) + ".")
+          f"{plan['profile_s']} s at saturation on the pod mix, this run): " + ", ".join(links) + ".")
         w("")
     return out

@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import bodies  # noqa: E402
 import many_clients  # noqa: E402
+import provenance  # noqa: E402
 from gpu_stack_webhook.tls.certs import write_loopback_pki  # noqa: E402
 from run_bench import VENV_BIN, Run, Server, Wrk, _status_kb, ensure_wrk, free_port  # noqa: E402
 
@@ -183,6 +184,7 @@ class SoakResult:
         load = " / ".join(f"{x:.2f}" for x in loadavg)
         return "\n".join([
             "## Soak (make soak, hack/soak.py)", "",
+            provenance.stamp("make soak"), "",
             f"{when}; {self.seconds:.0f} s at {self.rate}/s (half the measured capacity) over the /validate + "
             f"/mutate mix: {self.soak.requests:,} reviews, {self.soak.errors} errors, p50 {p50:.2f} ms, "
             f"p99 {p99:.2f} ms; load average at the end {load}. "

@@ -64,9 +64,9 @@ def _run(rps: float, spread: dict[int, int], errors: int = 0, p99_ms: float = 1.
 
 
 def _results(validate: list[float], mutate: list[float], spread: dict[int, int], p99_ms: float,
-             rss_mb: float) -> dict[str, object]:
+             rss_mb: float, errors: int = 0) -> dict[str, object]:
     rounds = len(validate)
-    sat = {"baseline": run_bench.Summary("baseline", [_run(1000, spread) for _ in range(rounds)]),
+    sat = {"baseline": run_bench.Summary("baseline", [_run(1000, spread, errors) for _ in range(rounds)]),
            "validate": run_bench.Summary("validate", [_run(1000 * x, spread) for x in validate]),
            "mutate": run_bench.Summary("mutate", [_run(1000 * x, spread) for x in mutate])}
     paced = {"baseline": run_bench.Summary("baseline", [_run(900, spread, p99_ms=1.0)]),
@@ -83,11 +83,29 @@ def _verdicts(lines: list[str]) -> dict[str, str]:
 def test_one_round_below_the_ratio_misses_the_target_even_when_the_median_meets_it(tmp_path: Path) -> None:
     lines = targets.render(_results([0.9, 0.79, 0.95], [0.8, 0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0), tmp_path)
     verdicts = _verdicts(lines)
-    assert verdicts["/validate >= 0.80x the bare allow-all, every round"] == "**missed**"
-    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round"] == "met"
+    assert verdicts["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "**missed**"
+    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round (pod mix)"] == "met"
     assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "met"
     assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "met"
     assert "| 2 | 1,000 | 790 | 0.79 | 800 | 0.80 | 16/16 / 16/16 / 16/16 | 0 |" in lines
+
+
+def test_the_targets_judge_the_mix_and_show_the_identical_body_beside_it(tmp_path: Path) -> None:
+    """Issue 26: the ratios are judged on the pod mix; the identical-body rounds are shown, not judged."""
+    mixed_low = _results([0.9, 0.75], [0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0)
+    mixed_low["saturation_same"] = _results([1.0, 1.0], [0.9, 0.9], {1: 16, 2: 16}, 5.0, 59.0)["saturation"]
+    lines = targets.render(mixed_low, tmp_path)
+    assert _verdicts(lines)["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "**missed**"
+    assert "| 2 | 1,000 | 1,000 | 1.00 | 900 | 0.90 | 16/16 / 16/16 / 16/16 | 0 |" in lines  # shown beside
+    same_low = _results([0.9, 0.9], [0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0)
+    same_low["saturation_same"] = _results([0.5, 0.5], [0.5, 0.5], {1: 16, 2: 16}, 5.0, 59.0)["saturation"]
+    verdicts = _verdicts(targets.render(same_low, tmp_path))
+    assert verdicts["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "met"
+    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round (pod mix)"] == "met"
+    errors = _results([0.9], [0.8], {1: 16, 2: 16}, 5.0, 59.0)
+    errors["saturation_same"] = _results([0.9], [0.8], {1: 16, 2: 16}, 5.0, 59.0, errors=2)["saturation"]
+    assert _verdicts(targets.render(errors, tmp_path))["zero errors (saturation, both bodies, and fixed rate)"] \
+        == "**missed**"
 
 
 def test_a_round_with_an_idle_worker_or_an_error_and_a_slow_p99_miss(tmp_path: Path) -> None:
@@ -95,7 +113,7 @@ def test_a_round_with_an_idle_worker_or_an_error_and_a_slow_p99_miss(tmp_path: P
     results["saturation"]["mutate"].runs[0].errors = 3  # type: ignore[index]
     verdicts = _verdicts(targets.render(results, tmp_path))
     assert verdicts["connections on both workers, every round"] == "**missed**"
-    assert verdicts["zero errors (saturation and fixed rate)"] == "**missed**"
+    assert verdicts["zero errors (saturation, both bodies, and fixed rate)"] == "**missed**"
     assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "**missed**"
     assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "**missed**"
 

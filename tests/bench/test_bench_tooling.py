@@ -11,19 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+import yaml
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import baseline_app  # noqa: E402
 import bodies  # noqa: E402
+import run_bench  # noqa: E402
 from gpu_stack_webhook.admission.review import parse_review  # noqa: E402
-from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config  # noqa: E402
 from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
-
-if not bodies.FIXTURES.is_dir():
-    pytest.skip(f"recorded fixtures absent at {bodies.FIXTURES}", allow_module_level=True)
 
 
 def _all_bodies() -> list[bodies.Body]:
@@ -89,3 +87,91 @@ def test_the_manifest_lists_path_and_file_per_body(tmp_path: Path) -> None:
         assert Path(file).read_bytes() == body.data
     lua = (BENCH / "mix.lua").read_text()
     assert 'line:match("^(%S+)\\t(.+)$")' in lua
+
+
+# --- the pod mix (issue 26) ---------------------------------------------------------------------------
+
+MIXES = {ep: bodies.pod_mix(ep) for ep in bodies.ENDPOINTS}
+KIND = {s.name: s.kind for s in bodies.SHAPES}
+
+
+def test_the_mix_is_thousands_of_distinct_bodies_of_at_least_50_shapes_in_the_stated_shares() -> None:
+    for endpoint, mix in MIXES.items():
+        assert len(mix) == bodies.MIX_BODIES >= 1000
+        assert len({b.data for b in mix}) == len(mix), endpoint  # every body differs from every other
+        assert len({b.name for b in mix}) == len(bodies.SHAPES) >= 50
+        for kind, share in bodies.KIND_SHARE.items():
+            assert sum(KIND[b.name] == kind for b in mix) == round(share * len(mix)), (endpoint, kind)
+    # The shapes differ in the pod spec itself (containers, init containers, scheduling), not only in names.
+    specs = {}
+    for body in MIXES["validate"]:
+        spec = body.review["request"]["object"]["spec"]
+        specs.setdefault(body.name, json.dumps({k: spec.get(k) for k in (
+            "containers", "initContainers", "nodeSelector", "tolerations")}, sort_keys=True))
+    assert len(set(specs.values())) == len(bodies.SHAPES)
+    # Both endpoints get the same shapes in the same order, and what the report says is what was counted.
+    assert [b.name for b in MIXES["validate"]] == [b.name for b in MIXES["mutate"]]
+    said = bodies.describe(MIXES["validate"], MIXES["mutate"])
+    assert {k: v["share"] for k, v in said["by_kind"].items()} == bodies.KIND_SHARE
+    assert sum(v["shapes"] for v in said["by_kind"].values()) == said["shapes"] == len(bodies.SHAPES)
+    assert said["denied"] == sum(b.name in bodies.DENIED_SHAPES for b in MIXES["validate"]) > 0
+    assert said["patched"] == sum(KIND[b.name] != "none" for b in MIXES["mutate"])
+    assert 0.6 <= bodies.KIND_SHARE["none"] < 1  # most pods have no GPU
+
+
+def test_uids_and_names_are_unique_per_body_and_per_send() -> None:
+    for endpoint, mix in MIXES.items():
+        uids = [b.uid for b in mix]
+        assert len(set(uids)) == len(uids)
+        assert all(uid.endswith(bodies.SERIAL_MARK) for uid in uids)
+        validating = endpoint == "validate"
+        names = [b.review["request"].get("name") for b in mix]
+        if validating:  # the API server has generated the name by then
+            assert len(set(names)) == len(names)
+            assert all(n.startswith(b.review["request"]["object"]["metadata"]["generateName"])
+                       for n, b in zip(names, mix, strict=True))
+        else:  # /mutate sees generateName and no name yet, as from the API server
+            assert set(names) == {None}
+        # What mix.lua sends for a body: the marker replaced by the send's 12-digit serial, same length.
+        body = mix[0]
+        sends = [json.loads(bodies.stamp(body.data, serial)) for serial in (1, 2, 10**11)]
+        assert len({s["request"]["uid"] for s in sends}) == 3
+        assert {len(bodies.stamp(body.data, serial)) for serial in (1, 10**11)} == {len(body.data)}
+        assert bodies.SERIAL_MARK.encode() not in bodies.stamp(body.data, 7)
+        if validating:
+            assert len({s["request"]["object"]["metadata"]["name"] for s in sends}) == 3
+            assert sends[0]["request"]["name"] == sends[0]["request"]["object"]["metadata"]["name"]
+    lua = (BENCH / "mix.lua").read_text()
+    assert f'local SERIAL = "{bodies.SERIAL_MARK}"' in lua
+    assert 'string.format("%02d%010d", (id or 1) % 100, serial % 10000000000)' in lua  # always 12 digits
+
+
+def test_the_webhook_answers_every_body_of_the_mix_as_the_bench_expects() -> None:
+    """With the policy the bench serves (the chart rendered for bodies.MIX_VALUES): GPU, MPS and MIG pods
+    are patched on /mutate and none is denied but the denied shapes, on /validate, by their rule."""
+    config = parse_config(yaml.safe_load(run_bench.chart_policy(bodies.MIX_VALUES)))
+    client = create_app(AppConfig(policy=config)).test_client()
+    denied_by: dict[str, set[str]] = {}
+    for endpoint, mix in MIXES.items():
+        for body in mix:
+            data = bodies.stamp(body.data, 1)
+            response = client.post(body.path, data=data, content_type="application/json").get_json()["response"]
+            assert response["uid"] == json.loads(data)["request"]["uid"]
+            assert response["allowed"] is body.allowed, (endpoint, body.name, response)
+            assert ("patch" in response) is body.patched, (endpoint, body.name)
+            if not body.allowed:
+                denied_by.setdefault(body.name, set()).add(response["status"]["message"])
+    assert set(denied_by) == set(bodies.DENIED_SHAPES)
+    for name, messages in denied_by.items():
+        assert all(bodies.DENIED_SHAPES[name] in message for message in messages), (name, messages)
+
+
+def test_the_mix_manifest_lists_every_body_in_order(tmp_path: Path) -> None:
+    for endpoint, mix in MIXES.items():
+        manifest = bodies.write_manifest(mix, tmp_path, f"mix-{endpoint}")
+        lines = manifest.read_text().splitlines()
+        assert len(lines) == len(mix)
+        for line, body in zip(lines, mix, strict=True):
+            path, file = line.split("\t")
+            assert path == f"/{endpoint}"
+            assert Path(file).read_bytes() == body.data

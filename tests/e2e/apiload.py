@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,14 +35,16 @@ LOADER = "gpu-stack-loader"
 SIZING = ["--workers", "2", "--threads", "4"]  # as deployed (chart webhook.workers/threads)
 
 
-def pod_body() -> dict[str, Any]:
-    """A two-container pod, one container asking for a GPU: what the webhooks judge on every create."""
-    gpu = {"limits": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "1Gi"}}
+def pod_body(gpu: bool = True) -> dict[str, Any]:
+    """A two-container pod, one container asking for a GPU (unless not `gpu`): what the webhooks judge on
+    every create."""
+    limits = {"nvidia.com/gpu": "1", "cpu": "1", "memory": "1Gi"} if gpu else {"cpu": "1", "memory": "1Gi"}
+    gpu_resources = {"limits": limits}
     side = {"limits": {"cpu": "100m", "memory": "64Mi"}}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "load-", "labels": {"app": "gpu-load"}},
+            "metadata": {"generateName": "load-", "labels": {"app": "gpu-load" if gpu else "plain-load"}},
             "spec": {"containers": [
-                {"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "resources": gpu,
+                {"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "resources": gpu_resources,
                  "env": [{"name": f"SETTING_{i}", "value": str(i)} for i in range(10)]},
                 {"name": "sidecar", "image": "busybox:1.36", "resources": side}]}}
 
@@ -109,20 +112,24 @@ class LoadResult:
 
 
 async def create_batch(session: aiohttp.ClientSession, url: str, token: str, namespace: str, total: int,
-                       concurrency: int) -> LoadResult:
+                       concurrency: int, pods: Callable[[int], dict[str, Any]] | None = None) -> LoadResult:
     """`total` pod creates with `concurrency` in flight on an open session (its keep-alive connections
-    to the API server are reused from one batch to the next)."""
+    to the API server are reused from one batch to the next); create number i POSTs pods(i), by default
+    pod_body()."""
     body = json.dumps(pod_body()).encode()
+    distinct: dict[int, bytes] = {}
+    if pods is not None:
+        distinct = {i: json.dumps(pods(i)).encode() for i in range(total)}
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"}
     target = f"{url}/api/v1/namespaces/{namespace}/pods"
     result = LoadResult(total, concurrency, 0.0)
     todo = iter(range(total))
 
     async def worker() -> None:
-        for _ in todo:
+        for i in todo:
             started = time.perf_counter()
             try:
-                async with session.post(target, data=body, headers=headers) as reply:
+                async with session.post(target, data=distinct.get(i, body), headers=headers) as reply:
                     text = await reply.read()
                     if reply.status == 201:
                         result.latencies.append(time.perf_counter() - started)

@@ -1,0 +1,213 @@
+"""The bookkeeping of bench/apiserver_load.py's second part (issue 25 item 6), free of clusters and clocks:
+webhook calls per 1,000 mixed pod creates read from the API server's own counter, for the chart's
+webhook configurations without and with their `matchConditions`, and the create latency of pods without
+GPU with the webhook on vs off; the Markdown section written into BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
+END = "<!-- apiserver-calls:end -->"
+CALL_METRIC = "apiserver_admission_webhook_request_total"
+GPU_SHARE = 0.10  # of the mixed creates: 90% of pods ask for no GPU
+LATENCY_RATIO = 1.05  # non-GPU creates with the webhook on / off: within 5%
+BEFORE = "before: no matchConditions"
+AFTER = "after: as the chart renders them"
+ON, OFF = "webhook on (as the chart renders)", "webhook off (no configurations)"
+
+
+def gpu_at(index: int, share: float = GPU_SHARE) -> bool:
+    """Whether create number `index` of a mixed batch asks for a GPU: evenly spread, `share` of them
+    (every 10th for 10%), so any 1,000 consecutive creates hold the same number of GPU pods."""
+    return int((index + 1) * share) > int(index * share)
+
+
+def parse_calls(metrics: str, names: Sequence[str]) -> dict[tuple[str, str], float]:
+    """CALL_METRIC summed by (webhook name, type) over its other labels (code, operation, rejected), for
+    the webhooks in `names`, from the Prometheus text of the API server's /metrics."""
+    out: dict[tuple[str, str], float] = {}
+    for line in metrics.splitlines():
+        if not line.startswith(CALL_METRIC + "{"):
+            continue
+        labels_text, _, value = line[len(CALL_METRIC) + 1:].rpartition("} ")
+        labels = dict(_label(part) for part in _split_labels(labels_text))
+        if labels.get("name") in names:
+            key = (labels["name"], labels.get("type", "?"))
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def _split_labels(text: str) -> list[str]:
+    parts, current, quoted = [], "", False
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*parts, current] if current else parts
+
+
+def _label(part: str) -> tuple[str, str]:
+    key, _, value = part.partition("=")
+    return key.strip(), value.strip().strip('"')
+
+
+def delta(after: Mapping[tuple[str, str], float],
+          before: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    return {key: after.get(key, 0.0) - before.get(key, 0.0) for key in sorted({*after, *before})}
+
+
+@dataclass
+class CallsRun:
+    """One batch of mixed creates under one webhook configuration."""
+
+    round: int
+    config: str  # BEFORE or AFTER
+    creates: int
+    created: int
+    gpu_pods: int
+    calls: dict[tuple[str, str], float] = field(default_factory=dict)  # (name, type) -> calls in the batch
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def per_1000(self, key: tuple[str, str]) -> float:
+        return 1000 * self.calls.get(key, 0.0) / self.creates if self.creates else 0.0
+
+
+@dataclass
+class LatencyRun:
+    """One batch of creates of pods without GPU with the webhook on or off."""
+
+    round: int
+    state: str  # ON or OFF
+    latencies_ms: list[float] = field(default_factory=list)
+    total: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    apiserver_cpu_s: float = 0.0  # the API server's CPU during the creates (/proc)
+
+    @property
+    def cpu_ms_per_create(self) -> float:
+        return 1000 * self.apiserver_cpu_s / len(self.latencies_ms) if self.latencies_ms else 0.0
+
+    @property
+    def avg_ms(self) -> float:
+        return statistics.fmean(self.latencies_ms) if self.latencies_ms else 0.0
+
+    def percentile_ms(self, p: float) -> float:
+        if not self.latencies_ms:
+            return 0.0
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def latency_ratios(runs: Sequence[LatencyRun]) -> list[float]:
+    """avg(on) / avg(off) of each round that measured both."""
+    off = {r.round: r.avg_ms for r in runs if r.state == OFF}
+    return [r.avg_ms / off[r.round] for r in sorted(runs, key=lambda r: r.round)
+            if r.state == ON and off.get(r.round)]
+
+
+def latency_verdict(runs: Sequence[LatencyRun]) -> tuple[bool, str]:
+    ratios = latency_ratios(runs)
+    if not ratios:
+        return False, "no round measured both"
+    failed = sum(r.total - len(r.latencies_ms) for r in runs)
+    median = statistics.median(ratios)
+    why = []
+    if median > LATENCY_RATIO:
+        why.append(f"median {median:.2f}x > {LATENCY_RATIO:.2f}x")
+    if failed:
+        why.append(f"{failed} creates failed")
+    return not why, "; ".join(why)
+
+
+def _med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: str, command: str,
+           conditions: Mapping[str, int], concurrency: int, notes: Sequence[str] = ()) -> str:
+    """`conditions`: webhook name -> how many matchConditions the chart renders for it."""
+    rounds = max((r.round for r in [*calls, *latency]), default=0)
+    creates = calls[0].creates if calls else 0
+    gpu = calls[0].gpu_pods if calls else 0
+    rendered = ", ".join(f"{name}: {n}" for name, n in sorted(conditions.items())) or "none"
+    out = [BEGIN, "## Webhook calls per 1,000 pod creates, and pods without GPU (issue 25)", "",
+           *([stamp, ""] if stamp else []),
+           f"Generated by `{command}` (bench/apiserver_load.py, second part): the `make e2e` control plane "
+           f"(kube-apiserver v1.36) with the chart installed with default values, as in the section above, the "
+           f"webhook configurations pointed at `gpu-stack-webhook serve` on loopback (2 workers x 4 threads) "
+           f"with the release's policy. {rounds} round(s), the order of the configurations reversed every other round; "
+           f"{concurrency} creates in flight. Calls are the API server's own counter `{CALL_METRIC}` (its "
+           "/metrics), summed over code and operation by webhook name and type, read before and after each "
+           "batch (the pods of the namespace are deleted and the control plane settles before each).", "",
+           f"Calls per 1,000 creates: {creates:,} pods per batch, {gpu} of them ({gpu / max(1, creates):.0%}) "
+           "asking for a GPU, the rest without (the two-container pod of the section above, with and without "
+           f"`nvidia.com/gpu`). `{BEFORE}`: the chart's rendered Mutating/ValidatingWebhookConfigurations with "
+           f"every `matchConditions` removed; `{AFTER}`: as `helm install` created them. matchConditions "
+           f"the chart renders, per webhook: {rendered}.", "",
+           "| configuration | webhook | type | calls per 1,000 creates (per round) | median | creates failed |",
+           "| --- | --- | --- | --- | ---: | ---: |"]
+    keys = sorted({key for r in calls for key in r.calls})
+    for config in (BEFORE, AFTER):
+        runs = sorted((r for r in calls if r.config == config), key=lambda r: r.round)
+        for key in keys:
+            values = [r.per_1000(key) for r in runs]
+            failed = sum(r.creates - r.created for r in runs)
+            out.append(f"| {config} | {key[0]} | {key[1]} | {', '.join(f'{v:.0f}' for v in values)} | "
+                       f"{_med(values):.0f} | {failed} |")
+    ratios = latency_ratios(latency)
+    met, why = latency_verdict(latency)
+    out += ["", f"Create latency of pods without GPU ({ON} vs {OFF}: both configurations deleted, so the API "
+            "server calls nothing), the pod without GPU and the client of the section above:", "",
+            "| round | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | on / off (avg) | API server CPU ms per "
+            "create, off / on | creates failed |",
+            "| ---: | --- | --- | ---: | ---: | ---: |"]
+    for i in range(1, rounds + 1):
+        by = {r.state: r for r in latency if r.round == i}
+        if ON not in by or OFF not in by:
+            continue
+        ratio = by[ON].avg_ms / by[OFF].avg_ms if by[OFF].avg_ms else 0.0
+        cells = [f"{r.avg_ms:.1f} / {r.percentile_ms(50):.1f} / {r.percentile_ms(99):.1f}" for r in (by[OFF], by[ON])]
+        failed = sum(r.total - len(r.latencies_ms) for r in by.values())
+        cpu = f"{by[OFF].cpu_ms_per_create:.2f} / {by[ON].cpu_ms_per_create:.2f}"
+        out.append(f"| {i} | {cells[0]} | {cells[1]} | {ratio:.2f} | {cpu} | {failed} |")
+    out += ["", f"Target (issue 25): non-GPU creates with the webhook on within {LATENCY_RATIO - 1:.0%} of off "
+            f"(median over the rounds of avg(on) / avg(off): {_med(ratios):.2f}x): "
+            f"**{'met' if met else 'not met'}**" + (f" ({why})." if why else ".")]
+    if notes:
+        out += ["", *(f"* {n}" for n in notes)]
+    out += [END]
+    return "\n".join(out) + "\n"
+
+
+def conditions_of(configurations: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Webhook name -> number of matchConditions, over Mutating/ValidatingWebhookConfiguration objects."""
+    return {hook["name"]: len(hook.get("matchConditions") or []) for obj in configurations
+            for hook in obj.get("webhooks", [])}
+
+
+def without_conditions(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that removes every webhook's matchConditions from a configuration object."""
+    return [{"op": "remove", "path": f"/webhooks/{i}/matchConditions"}
+            for i, hook in enumerate(obj.get("webhooks", [])) if "matchConditions" in hook]
+
+
+def with_conditions(obj: Mapping[str, Any], rendered: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that gives every webhook of `obj` the matchConditions of the same webhook in
+    `rendered` (the object as the chart made it), and removes those the chart did not render."""
+    wanted = {hook["name"]: hook.get("matchConditions") for hook in rendered.get("webhooks", [])}
+    patch: list[dict[str, Any]] = []
+    for i, hook in enumerate(obj.get("webhooks", [])):
+        conditions = wanted.get(hook["name"])
+        if conditions:
+            patch.append({"op": "add", "path": f"/webhooks/{i}/matchConditions", "value": conditions})
+        elif "matchConditions" in hook:
+            patch.append({"op": "remove", "path": f"/webhooks/{i}/matchConditions"})
+    return patch

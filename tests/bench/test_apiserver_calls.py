@@ -1,0 +1,99 @@
+"""The bookkeeping of bench/apiserver_load.py's second part (bench/apiserver_calls.py, issue 25): the
+mixed creates, the API server's call counter read by webhook and type, the matchConditions patches for
+`before` and `after`, the latency ratio and its verdict. No cluster, no timing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import apiserver_calls as ac
+
+
+def _sample(name: str, operation: str, rejected: str, kind: str, value: int) -> str:
+    return (f'{ac.CALL_METRIC}{{code="200",name="{name}",operation="{operation}",rejected="{rejected}",'
+            f'type="{kind}"}} {value}')
+
+
+METRICS = "\n".join([
+    f"# HELP {ac.CALL_METRIC} [ALPHA] Admission webhook request total",
+    f"# TYPE {ac.CALL_METRIC} counter",
+    _sample("mutate.gpu-stack.io", "CREATE", "false", "admit", 120),
+    _sample("mutate.gpu-stack.io", "DELETE", "false", "admit", 3),
+    _sample("validate.gpu-stack.io", "CREATE", "true", "validating", 7),
+    _sample("validate.gpu-stack.io", "CREATE", "false", "validating", 110),
+    _sample("other.example.com", "CREATE", "false", "admit", 99),
+    f'{ac.CALL_METRIC}_other{{name="mutate.gpu-stack.io",type="admit"}} 5', ""])
+HOOKS = ("mutate.gpu-stack.io", "validate.gpu-stack.io")
+
+
+def test_one_pod_in_ten_asks_for_a_gpu_in_any_thousand_consecutive_creates() -> None:
+    assert [i for i in range(30) if ac.gpu_at(i)] == [9, 19, 29]
+    for start in (0, 7, 1234):
+        assert sum(ac.gpu_at(i) for i in range(start, start + 1000)) == 100
+
+
+def test_calls_are_summed_by_webhook_and_type_over_the_other_labels() -> None:
+    calls = ac.parse_calls(METRICS, HOOKS)
+    assert calls == {("mutate.gpu-stack.io", "admit"): 123.0, ("validate.gpu-stack.io", "validating"): 117.0}
+    later = {**calls, ("mutate.gpu-stack.io", "admit"): 223.0}
+    assert ac.delta(later, calls) == {("mutate.gpu-stack.io", "admit"): 100.0,
+                                      ("validate.gpu-stack.io", "validating"): 0.0}
+    assert ac.parse_calls('x{a="1"} 2\n', HOOKS) == {}
+    # A comma inside a quoted label value does not split the labels.
+    quoted = 'apiserver_admission_webhook_request_total{name="mutate.gpu-stack.io",code="a,b",type="admit"} 4\n'
+    assert ac.parse_calls(quoted, HOOKS) == {("mutate.gpu-stack.io", "admit"): 4.0}
+
+
+RENDERED = {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"}, "webhooks": [
+    {"name": "validate.gpu-stack.io", "matchConditions": [{"name": "gpu", "expression": "true"}]},
+    {"name": "other.gpu-stack.io"}]}
+
+
+def test_before_removes_every_match_condition_and_after_puts_back_what_the_chart_rendered() -> None:
+    assert ac.without_conditions(RENDERED) == [{"op": "remove", "path": "/webhooks/0/matchConditions"}]
+    assert ac.without_conditions({"webhooks": [{"name": "a"}]}) == []  # nothing rendered: nothing to remove
+    stripped = {**RENDERED, "webhooks": [{"name": "validate.gpu-stack.io"},
+                                         {"name": "other.gpu-stack.io", "matchConditions": [{"name": "x"}]}]}
+    assert ac.with_conditions(stripped, RENDERED) == [
+        {"op": "add", "path": "/webhooks/0/matchConditions", "value": [{"name": "gpu", "expression": "true"}]},
+        {"op": "remove", "path": "/webhooks/1/matchConditions"}]
+    assert ac.conditions_of([RENDERED]) == {"validate.gpu-stack.io": 1, "other.gpu-stack.io": 0}
+
+
+def _latency(round_: int, state: str, avg: float, failed: int = 0) -> ac.LatencyRun:
+    return ac.LatencyRun(round=round_, state=state, latencies_ms=[avg] * 10, total=10 + failed)
+
+
+def test_the_latency_target_is_the_median_ratio_of_the_rounds_and_every_create() -> None:
+    runs = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 104), _latency(2, ac.OFF, 100), _latency(2, ac.ON, 120),
+            _latency(3, ac.ON, 102), _latency(3, ac.OFF, 100), _latency(4, ac.ON, 500)]  # round 4: no off
+    assert ac.latency_ratios(runs) == pytest.approx([1.04, 1.2, 1.02])
+    assert ac.latency_verdict(runs) == (True, "")
+    slow = [*runs[:4], _latency(3, ac.ON, 110), _latency(3, ac.OFF, 100)]
+    assert ac.latency_verdict(slow) == (False, "median 1.10x > 1.05x")
+    failing = [*runs[:2], _latency(2, ac.ON, 100, failed=1), _latency(2, ac.OFF, 100)]
+    assert ac.latency_verdict(failing) == (False, "1 creates failed")
+    assert ac.latency_verdict([]) == (False, "no round measured both")
+
+
+def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -> None:
+    m, v = ("mutate.gpu-stack.io", "admit"), ("validate.gpu-stack.io", "validating")
+    calls = [ac.CallsRun(round=1, config=ac.BEFORE, creates=500, created=500, gpu_pods=50, calls={m: 500, v: 500}),
+             ac.CallsRun(round=1, config=ac.AFTER, creates=500, created=499, gpu_pods=50, calls={m: 50, v: 50})]
+    latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 103)]
+    latency[0].apiserver_cpu_s, latency[1].apiserver_cpu_s = 0.03, 0.04  # 10 creates each
+    text = ac.render(calls, latency, stamp="Run: 2026-01-01 00:00 UTC, commit abc, `make bench`.", command="make bench",
+                     conditions={"mutate.gpu-stack.io": 2, "validate.gpu-stack.io": 2}, concurrency=20)
+    assert text.startswith(ac.BEGIN) and text.rstrip().endswith(ac.END)
+    assert "Run: 2026-01-01 00:00 UTC, commit abc, `make bench`." in text.splitlines()
+    assert f"| {ac.BEFORE} | mutate.gpu-stack.io | admit | 1000 | 1000 | 0 |" in text
+    assert f"| {ac.AFTER} | validate.gpu-stack.io | validating | 100 | 100 | 1 |" in text
+    assert "50 of them (10%) asking for a GPU" in text
+    assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
+    assert "| 1 | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
+    assert "(median over the rounds of avg(on) / avg(off): 1.03x): **met**." in text
