@@ -10,9 +10,9 @@ and on every manifest of hack/demo/manifests:
 - the condition holds wherever the Python predicates of the rules' signals do (policy/scope.py): the
   CEL is at least as wide as what the rules read.
 
-`make test` runs MATCH_EXAMPLES (default 2,500) cases per property, derandomized; `make fuzz` runs
-CEL_FUZZ_EXAMPLES (default 10,000). The API server evaluates the same expressions in make e2e
-(tests/e2e/test_match_conditions.py), cost limits included.
+`make test` runs MATCH_EXAMPLES (default 10,000) creates and a fifth of that as updates, derandomized;
+`make fuzz` runs CEL_FUZZ_EXAMPLES (default 10,000) random ones. The API server evaluates the same
+expressions in make e2e (tests/e2e/test_match_conditions.py), cost limits included.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "hack" / "demo" / "manifests").glob("*.yaml"))
 _FUZZING = settings.get_current_profile_name() == "fuzz"
 EXAMPLES = int(os.environ.get("CEL_FUZZ_EXAMPLES", "10000")) if _FUZZING else int(
-    os.environ.get("MATCH_EXAMPLES", "2500"))
+    os.environ.get("MATCH_EXAMPLES", "10000"))
 CASES = settings(max_examples=EXAMPLES)
 
 
