@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.monitoring import alerts
+from hack.monitoring import alerts, counters
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "charts" / "gpu-stack" / "files" / "monitoring"
@@ -28,9 +28,14 @@ def alerts_text() -> str:
     return HEADER.format(source="alerts.py") + _yaml(alerts.rule_groups())
 
 
+def counters_text() -> str:
+    return HEADER.format(source="counters.py") + counters.csv_text()
+
+
 # File name under charts/gpu-stack/files/monitoring/ -> its content.
 OUTPUTS: dict[str, Callable[[], str]] = {
     "alerts.yaml": alerts_text,
+    "dcgm-counters.csv": counters_text,
 }
 
 
