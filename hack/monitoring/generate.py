@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.monitoring import alerts, counters
+from hack.monitoring import alerts, counters, dashboards
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "charts" / "gpu-stack" / "files" / "monitoring"
@@ -36,16 +36,19 @@ def counters_text() -> str:
 OUTPUTS: dict[str, Callable[[], str]] = {
     "alerts.yaml": alerts_text,
     "dcgm-counters.csv": counters_text,
+    **{f"dashboards/{d.uid}.json": (lambda d=d: dashboards.json_text(d)) for d in dashboards.DASHBOARDS},
 }
 
 
 def stale() -> list[str]:
+    """Generated files that differ from what the descriptions give, are missing, or are left over."""
     out = []
     for name, text in OUTPUTS.items():
         path = FILES / name
         if not path.exists() or path.read_text(encoding="utf-8") != text():
             out.append(name)
-    return out
+    present = {p.relative_to(FILES).as_posix() for p in FILES.rglob("*") if p.is_file()} if FILES.exists() else set()
+    return out + sorted(present - set(OUTPUTS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"{FILES / name} is stale: run .venv/bin/python -m hack.monitoring", file=sys.stderr)
         return 1 if names else 0
-    FILES.mkdir(parents=True, exist_ok=True)
+    for name in stale():
+        if name not in OUTPUTS:
+            (FILES / name).unlink()
     for name, text in OUTPUTS.items():
+        (FILES / name).parent.mkdir(parents=True, exist_ok=True)
         (FILES / name).write_text(text(), encoding="utf-8")
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 # The release namespace (where the webhook, the DCGM exporter and the device plugin run).
 NAMESPACE = "__GPU_STACK_NAMESPACE__"
 # The `job` label of the webhook's and the DCGM exporter's targets: by default their Service names, what a
-# ServiceMonitor gives them (monitoring.prometheusRule.jobs overrides them for other scrape setups).
+# ServiceMonitor gives them (monitoring.jobs overrides them for other scrape setups).
 WEBHOOK_JOB = "__GPU_STACK_WEBHOOK_JOB__"
 DCGM_JOB = "__GPU_STACK_DCGM_JOB__"
 # The device plugin DaemonSet's name (kube-state-metrics' kube_pod_info created_by_name).

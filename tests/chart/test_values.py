@@ -52,6 +52,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "driver": {"driver": {"enabled": True}},
     "monitoring.webhookServiceMonitor": {"monitoring": {"webhookServiceMonitor": {"enabled": True}}},
     "monitoring.prometheusRule": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "monitoring.jobs": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "monitoring.dashboards": {"monitoring": {"dashboards": {"enabled": True}}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {

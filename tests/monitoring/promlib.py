@@ -3,6 +3,7 @@ PrometheusRule as a promtool rule file."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -36,3 +37,22 @@ def write_rules(directory: Path, spec: dict[str, Any], name: str = "rules.yaml")
     path = directory / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
+
+
+DASHBOARDS_ON = {"monitoring.dashboards.enabled": True}
+
+
+def rendered_dashboards(set_json: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """uid -> dashboard JSON of the ConfigMaps `helm template t charts/gpu-stack --namespace gpu-stack` renders."""
+    out = {}
+    for obj in render(3, "default", {**DASHBOARDS_ON, **(set_json or {})}).objects():
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].startswith("t-gpu-stack-dashboard-"):
+            for text in obj["data"].values():
+                board = json.loads(text)
+                out[board["uid"]] = board
+    return out
+
+
+def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every query of every panel."""
+    return [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel.get("targets", [])]

@@ -34,7 +34,11 @@ def test_stale_check_detects_an_edit(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(generate, "FILES", tmp_path / "files")
     assert generate.stale() == []
     (tmp_path / "files" / "alerts.yaml").write_text("groups: []\n", encoding="utf-8")
-    assert generate.stale() == ["alerts.yaml"]
+    (tmp_path / "files" / "dashboards" / "gpu-stack-sharing.json").unlink()
+    (tmp_path / "files" / "dashboards" / "old.json").write_text("{}", encoding="utf-8")
+    assert generate.stale() == ["alerts.yaml", "dashboards/gpu-stack-sharing.json", "dashboards/old.json"]
+    assert generate.main([]) == 0
+    assert generate.stale() == [] and not (tmp_path / "files" / "dashboards" / "old.json").exists()
 
 
 def test_promtool_checks_the_rendered_rules(tmp_path: Path) -> None:
@@ -95,7 +99,7 @@ def test_rendered_rules_keep_no_placeholder() -> None:
 
 def test_placeholders_take_the_release_and_values() -> None:
     spec = rendered_rules({"webhook.timeoutSeconds": 20, "monitoring.prometheusRule.webhookLatencyRatio": 0.75,
-                           "monitoring.prometheusRule.jobs": {"webhook": "wh", "dcgmExporter": "dcgm"},
+                           "monitoring.jobs": {"webhook": "wh", "dcgmExporter": "dcgm"},
                            "monitoring.prometheusRule.runbookBaseURL": "https://example.com/rb/"})
     by_name = {rule["alert"]: rule for rule in _rules(spec)}
     assert by_name["GPUStackWebhookLatencyNearTimeout"]["expr"].endswith("> 15")
