@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import subprocess
 import time
 import urllib.parse
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from hack.monitoring import preview
 
 from .e2elib import CHART, ROOT, WEBHOOK_KINDS, E2ECluster, LiveWebhook, Release, Releases, controlplane
 
@@ -48,6 +51,14 @@ def kube_credentials(cluster: E2ECluster, directory: Path) -> tuple[str, dict[st
             path.write_bytes(base64.b64decode(source[f"{key}-data"]))
             files[prom] = str(path)
     return urllib.parse.urlsplit(server["server"]).netloc, files
+
+
+def rendered_dashboards(cluster: E2ECluster, release: Release) -> dict[str, dict[str, Any]]:
+    out = cluster.helm("template", release.name, str(CHART), "--namespace", release.namespace,
+                       "--set", "monitoring.dashboards.enabled=true",
+                       "--show-only", "templates/monitoring/dashboards.yaml").stdout
+    boards = [json.loads(text) for doc in yaml.safe_load_all(out) if doc for text in doc["data"].values()]
+    return {board["uid"]: board for board in boards}
 
 
 def rendered_rules(cluster: E2ECluster, release: Release) -> dict[str, Any]:
@@ -143,6 +154,7 @@ def repoint_urls(cluster: E2ECluster, release: Release, hook: LiveWebhook) -> No
 def test_prometheus_scrapes_the_webhook_and_the_api_server_and_the_webhook_down_alert_fires_and_resolves(
         cluster: E2ECluster, releases: Releases, live_webhook: Callable[..., LiveWebhook], prometheus: Prometheus,
         tmp_path: Path) -> None:
+    started = time.time()
     release, _ = releases.install()
     pods_namespace = cluster.create_namespace()
     hook = live_webhook(release, probe_namespace=pods_namespace)
@@ -165,15 +177,19 @@ def test_prometheus_scrapes_the_webhook_and_the_api_server_and_the_webhook_down_
         ],
     })
 
-    # The suite creates pods: GPU pods the webhook reviews (Pending for ever: the plane has no nodes).
-    for i in range(3):
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"gpu-{i}"},
+    # The suite creates pods, GPU pods the webhook reviews (Pending for ever: the plane has no nodes), one per
+    # poll until Prometheus has seen reviews arrive (a rate over what it scraped, not just a counter).
+    created = iter(range(10_000))
+
+    def create_pod_and_see_reviews(hook: LiveWebhook) -> bool:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"gpu-{next(created)}"},
                "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04",
                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
         cluster.kubectl("create", "-n", pods_namespace, "-f", "-", input=json.dumps(pod))
+        return bool(prometheus.query(f'sum(rate(gpu_stack_admission_reviews_total{{job="{job}", '
+                                     f'instance="127.0.0.1:{hook.port}"}}[1m])) > 0'))
 
-    prometheus.wait(lambda: bool(prometheus.query(f'sum(gpu_stack_admission_reviews_total{{job="{job}"}}) > 0')),
-                    "the webhook's reviews scraped")
+    prometheus.wait(lambda: create_pod_and_see_reviews(hook), "the webhook's reviews scraped")
     prometheus.wait(lambda: bool(prometheus.query(
         'sum(apiserver_admission_webhook_admission_duration_seconds_count{name="validate.gpu-stack.io"}) > 0')),
         "the API server's calls of the webhook scraped")
@@ -200,3 +216,12 @@ def test_prometheus_scrapes_the_webhook_and_the_api_server_and_the_webhook_down_
     webhook_targets(targets, release, back)
     prometheus.wait(lambda: prometheus.alerts("GPUStackWebhookDown") == [],
                     "GPUStackWebhookDown resolved with the webhook back")
+    prometheus.wait(lambda: create_pod_and_see_reviews(back), "the new webhook's reviews scraped")
+
+    # Pictures of the dashboards from this run's data (README), only when asked for.
+    if directory := os.environ.get("GPU_STACK_PREVIEW_DIR"):
+        caption = ("Each panel's queries evaluated against the Prometheus of a make e2e run (no GPU nodes there: "
+                   "DCGM and kube-state-metrics panels show No data), drawn with matplotlib, not Grafana.")
+        query = preview.prometheus_range(f"http://127.0.0.1:{prometheus.port}", started, time.time(), 1)
+        drawn = preview.write_previews(rendered_dashboards(cluster, release), query, Path(directory), caption)
+        assert any(d.series for d in drawn["gpu-stack-admission"])
