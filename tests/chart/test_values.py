@@ -54,6 +54,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "monitoring.prometheusRule": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "monitoring.jobs": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "monitoring.dashboards": {"monitoring": {"dashboards": {"enabled": True}}},
+    "monitoring.dashboards.grafanaOperator": {"monitoring": {"dashboards": {"enabled": True,
+                                                                            "grafanaOperator": {"enabled": True}}}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {

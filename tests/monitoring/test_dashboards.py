@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hack.monitoring import dashboards, placeholders
-from tests.chart.chartlib import find, render
+from tests.chart.chartlib import find, render, run_helm, template_args
 
 from .promlib import DASHBOARDS_ON, panel_queries, rendered_dashboards, run_promtool
 
@@ -141,3 +141,26 @@ def test_layout_is_the_description() -> None:
         assert titles == [p.title for p in description.panels()]
         rows = [p["title"] for p in built["panels"] if p["type"] == "row"]
         assert rows == [title for title, _ in description.rows]
+
+
+GRAFANA_OPERATOR_API = ["--api-versions", "grafana.integreatly.org/v1beta1/GrafanaDashboard"]
+
+
+@pytest.mark.parametrize(("dashboards", "operator", "served", "expected"), [
+    (True, "auto", True, 3), (True, "auto", False, 0), (True, True, False, 3), (True, False, True, 0),
+    (False, "auto", True, 0)])
+def test_grafana_operator_dashboards_when_served_or_forced(dashboards: bool, operator: object, served: bool,
+                                                           expected: int) -> None:
+    settings = {"monitoring.dashboards.enabled": dashboards, "monitoring.dashboards.grafanaOperator.enabled": operator}
+    result = run_helm(3, template_args(set_json=settings) + (GRAFANA_OPERATOR_API if served else []))
+    assert len(find(result.objects(), "GrafanaDashboard")) == expected
+
+
+def test_grafana_operator_dashboards_carry_the_same_json_the_folder_and_the_selector() -> None:
+    objects = run_helm(3, template_args(set_json=DASHBOARDS_ON) + GRAFANA_OPERATOR_API).objects()
+    maps = {o["metadata"]["name"]: o for o in find(objects, "ConfigMap") if "dashboard" in o["metadata"]["name"]}
+    for obj in find(objects, "GrafanaDashboard"):
+        (text,) = maps[obj["metadata"]["name"]]["data"].values()
+        assert json.loads(obj["spec"]["json"]) == json.loads(text)
+        assert obj["spec"]["folder"] == "GPU"
+        assert obj["spec"]["instanceSelector"] == {"matchLabels": {"dashboards": "grafana"}}
