@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test e2e demo lint bench bench-inspect helm clean fuzz soak image
+.PHONY: all venv test e2e demo lint bench bench-inspect helm promtool clean fuzz soak image
 
 all: test
 
@@ -32,7 +32,11 @@ venv: $(STAMP)
 helm:
 	@hack/ensure-helm.sh >/dev/null
 
-test: $(STAMP) helm
+# promtool for the alert rules' checks and unit tests (tests/monitoring): Debian's prometheus package.
+promtool:
+	@hack/ensure-promtool.sh >/dev/null
+
+test: $(STAMP) helm promtool
 	$(PY) -m pytest -n 2 tests --ignore=tests/e2e
 
 # The chart and the webhook against a real API server (tests/e2e, marker e2e): a throwaway control plane

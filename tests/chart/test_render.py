@@ -25,6 +25,7 @@ CUSTOM_KINDS = {
     ("nfd.k8s-sigs.io/v1alpha1", "NodeFeatureRule"),
     ("nfd.k8s-sigs.io/v1alpha1", "NodeFeature"),
     ("nfd.k8s-sigs.io/v1alpha1", "NodeFeatureGroup"),
+    ("grafana.integreatly.org/v1beta1", "GrafanaDashboard"),
 }
 
 OVERLAYS = overlays()

@@ -50,6 +50,12 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},
     "gpuNodes.runtimeClassExists": {"toolkit": {"enabled": False}, "gpuNodes": {"runtimeClassExists": True}},
     "driver": {"driver": {"enabled": True}},
+    "monitoring.webhookServiceMonitor": {"monitoring": {"webhookServiceMonitor": {"enabled": True}}},
+    "monitoring.prometheusRule": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "monitoring.jobs": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "monitoring.dashboards": {"monitoring": {"dashboards": {"enabled": True}}},
+    "monitoring.dashboards.grafanaOperator": {"monitoring": {"dashboards": {"enabled": True,
+                                                                            "grafanaOperator": {"enabled": True}}}},
 }
 # Replacement values for leaves the generic mutation cannot invent (an item for an empty list of objects).
 EXAMPLES: dict[str, Any] = {
@@ -63,6 +69,7 @@ EXAMPLES: dict[str, Any] = {
     "webhook.rbac.extraClusterRules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
     "inspect.rbac.subjects": [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}],
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+    "monitoring.prometheusRule.webhookLatencyRatio": 0.8,
 }
 
 

@@ -20,7 +20,7 @@ CRDS = Path(__file__).parent / "crds"
 NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io")
 # Overlay -> the stand-in CRDs it needs installed first, and the custom objects it then creates.
 STANDINS = {
-    "monitoring-prometheus-operator.yaml": ("prometheus-operator-standin.yaml", {"ServiceMonitor"}),
+    "monitoring-prometheus-operator.yaml": ("prometheus-operator-standin.yaml", {"ServiceMonitor", "PrometheusRule"}),
     "webhook-cert-manager.yaml": ("cert-manager-standin.yaml", {"Certificate", "Issuer"}),
 }
 MIG_OVERLAYS = {"mig-single-all-1g.yaml", "mig-mixed-all-balanced.yaml"}

@@ -27,6 +27,18 @@ CASES = [
         "dcgmExporter.serviceMonitor.enabled=auto (a ServiceMonitor only where the API exists) or false",
         id="servicemonitor-crd-missing"),
     pytest.param(
+        "default", ["--set", "monitoring.webhookServiceMonitor.enabled=true"],
+        "gpu-stack: monitoring.webhookServiceMonitor.enabled=true, but this cluster serves no monitoring.coreos.com/v1 "
+        "ServiceMonitor: install the Prometheus Operator (e.g. kube-prometheus-stack) with its CRDs first, or set "
+        "monitoring.webhookServiceMonitor.enabled=auto (a ServiceMonitor only where the API exists) or false",
+        id="webhook-servicemonitor-crd-missing"),
+    pytest.param(
+        "default", ["--set", "monitoring.prometheusRule.enabled=true"],
+        "gpu-stack: monitoring.prometheusRule.enabled=true, but this cluster serves no monitoring.coreos.com/v1 "
+        "PrometheusRule: install the Prometheus Operator (e.g. kube-prometheus-stack) with its CRDs first, or set "
+        "monitoring.prometheusRule.enabled=auto (the alerts only where the API exists) or false",
+        id="prometheusrule-crd-missing"),
+    pytest.param(
         "webhook-cert-manager.yaml", [],
         "gpu-stack: webhook.tls.mode=cert-manager, but this cluster serves no cert-manager.io/v1 Certificate and "
         "Issuer: install cert-manager (with its CRDs) first, or set webhook.tls.mode=self-managed (the default: "

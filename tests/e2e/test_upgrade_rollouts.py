@@ -42,7 +42,8 @@ def changed(before: dict[str, tuple[int, str]], after: dict[str, tuple[int, str]
 
 
 # Overlays whose objects need CRDs a bare API server does not serve.
-NEEDS_CRDS = {"webhook-cert-manager.yaml": "cert-manager", "monitoring-prometheus-operator.yaml": "ServiceMonitor"}
+NEEDS_CRDS = {"webhook-cert-manager.yaml": "cert-manager",
+              "monitoring-prometheus-operator.yaml": "ServiceMonitor, PrometheusRule"}
 
 
 @pytest.mark.parametrize(("overlay", "helm_major"),

@@ -1,0 +1,19 @@
+{{/*
+The generated monitoring files (files/monitoring/, `python -m hack.monitoring`) with their placeholders
+(hack/monitoring/placeholders.py) replaced for this release. Call with (dict "root" $ "text" <file content>).
+*/}}
+{{- define "gpu-stack.monitoring.fill" -}}
+{{- $root := .root }}
+{{- $rule := $root.Values.monitoring.prometheusRule }}
+{{- $jobs := $root.Values.monitoring.jobs }}
+{{- $webhookJob := $jobs.webhook | default (include "gpu-stack.webhook.name" $root) }}
+{{- $dcgmJob := $jobs.dcgmExporter | default (include "gpu-stack.componentName" (dict "root" $root "component" "dcgm-exporter")) }}
+{{- $text := .text }}
+{{- $text = $text | replace "__GPU_STACK_NAMESPACE__" $root.Release.Namespace }}
+{{- $text = $text | replace "__GPU_STACK_WEBHOOK_JOB__" $webhookJob }}
+{{- $text = $text | replace "__GPU_STACK_DCGM_JOB__" $dcgmJob }}
+{{- $text = $text | replace "__GPU_STACK_DEVICE_PLUGIN_DAEMONSET__" (include "gpu-stack.componentName" (dict "root" $root "component" "device-plugin")) }}
+{{- $text = $text | replace "__GPU_STACK_WEBHOOK_LATENCY_SECONDS__" (toString (mulf $root.Values.webhook.timeoutSeconds $rule.webhookLatencyRatio)) }}
+{{- $text = $text | replace "__GPU_STACK_RUNBOOK_BASE__" (trimSuffix "/" $rule.runbookBaseURL) }}
+{{- $text }}
+{{- end }}

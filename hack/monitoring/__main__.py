@@ -1,0 +1,5 @@
+import sys
+
+from hack.monitoring.generate import main
+
+sys.exit(main())
