@@ -33,7 +33,10 @@ def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Rele
                                     "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     proc = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith('Error from server (Forbidden): error when creating "STDIN": admission webhook '
-                                  '"validate.gpu-stack.io" denied the request: GPU002 container "main" sets '
-                                  "NVIDIA_VISIBLE_DEVICES explicitly"), proc.stderr
+    # /mutate gave the GPU pod its runtime class (a warning), then /validate denied it.
+    warning, error = proc.stderr.strip().splitlines()
+    assert warning == "Warning: gpu-stack GPU008: set runtimeClassName nvidia: GPU pods run under the NVIDIA runtime"
+    assert error.startswith('Error from server (Forbidden): error when creating "STDIN": admission webhook '
+                            '"validate.gpu-stack.io" denied the request: GPU002 container "main" sets '
+                            "NVIDIA_VISIBLE_DEVICES explicitly"), proc.stderr
     assert "GPU002" in hook.log()  # the decision log of the process the API server called
