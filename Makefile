@@ -12,8 +12,9 @@ all: test
 DEPS_STAMP := $(VENV)/.dependencies
 # The webhook is installed as built, not editable: mypyc compiles the review path (webhook/setup.py), so
 # any change to its sources rebuilds it (~30 s) and the tests run what the image ships.
-# GPU_STACK_WEBHOOK_PURE_PYTHON=1 builds it interpreted (for a debugger or a line profiler).
-WEBHOOK_SOURCES := $(shell find webhook/src -name '*.py' -not -path '*/build/*') webhook/setup.py webhook/pyproject.toml
+# GPU_STACK_WEBHOOK_PURE_PYTHON=1 builds it interpreted (for a debugger or a line profiler). Each build records
+# a digest of these sources; the test session stops when it differs from the checkout (tests/conftest.py).
+WEBHOOK_SOURCES := $(shell find webhook/src/gpu_stack_webhook -type f \( -name '*.py' -o -name '*.json' -o -name py.typed \) -not -path '*/__pycache__/*') webhook/setup.py webhook/pyproject.toml
 
 $(DEPS_STAMP): requirements.lock
 	$(PYTHON) -m venv $(VENV)
