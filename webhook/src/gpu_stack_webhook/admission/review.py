@@ -104,7 +104,13 @@ def short_warning(text: str) -> str:
 
 class _LastPatch:
     """The last patch encoded, by identity: the pods of one workload get the very same operations from the
-    engine's diff memo (policy/desired.py), so consecutive reviews mostly send the same encoded patch."""
+    engine's diff memo (policy/desired.py), so consecutive reviews mostly send the same encoded patch.
+
+    Module-level state in this otherwise pure module, shared by every thread of a gunicorn gthread worker.
+    Bounded by construction (one entry). Thread-safe without a lock: the (patch, encoding) pair is one
+    tuple, read and replaced in one attribute access, and compared by identity, so a thread gets its own
+    patch's encoding or encodes it itself; never another's. Tested from several threads at once
+    (tests/webhook/test_memo_threads.py)."""
 
     __slots__ = ("last",)
 

@@ -1,4 +1,6 @@
-"""The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O.
+"""The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O: the
+same object and config give the same findings and patch (desired.py memoizes diffs in bounded,
+thread-safe caches; see there).
 
 `Policy.evaluate` runs every enabled rule and returns their findings (denials, warnings, changes) and,
 for a Pod being created, the JSONPatch from the object to the pod the rules want (policy/desired.py);
