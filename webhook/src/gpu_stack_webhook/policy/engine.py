@@ -59,7 +59,8 @@ class Evaluation:
 
 
 class Policy:
-    """A loaded config compiled once; `review` and `evaluate` are called per request."""
+    """A loaded config compiled once; `evaluate` (and `new_findings` on UPDATE) are called per request, by
+    admission/decide.py's `review`."""
 
     def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES, facts: ClusterFacts = OFFLINE) -> None:
         """Raises ConfigError when `rules.disabled` names a rule that does not exist (checked here, where
