@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test e2e demo lint bench bench-inspect helm clean fuzz soak
+.PHONY: all venv test test-interpreted e2e demo lint bench bench-inspect helm clean fuzz soak
 
 all: test
 
@@ -30,11 +30,36 @@ $(STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
 
 venv: $(STAMP)
 
+# The interpreted build (GPU_STACK_WEBHOOK_PURE_PYTHON=1), what a contributor runs under a debugger, in a
+# venv of its own that holds only the webhook and takes every dependency from $(VENV) (a .pth line). The
+# policy and admission unit tests run against it too (test-interpreted, part of make test), so the compiled
+# and the interpreted build cannot drift apart.
+PURE_VENV ?= .venv-interpreted
+PURE_STAMP := $(PURE_VENV)/.installed
+PURE_TESTS := $(wildcard tests/webhook/test_rules_*.py) tests/webhook/test_engine.py tests/webhook/test_desired.py \
+	tests/webhook/test_quantity.py tests/webhook/test_config.py tests/webhook/test_sharing_plugin_v020.py \
+	tests/webhook/test_response.py tests/webhook/test_recorded_reviews.py tests/webhook/test_bypass.py \
+	tests/webhook/test_memo_threads.py tests/webhook/test_compiled_build.py
+
+$(PURE_STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
+	rm -rf $(PURE_VENV) webhook/build
+	$(PYTHON) -m venv --without-pip $(PURE_VENV)
+	deps="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	  own="$$($(PURE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	  echo "import site; site.addsitedir('$$deps')" > "$$own/dependencies-from-venv.pth"
+	GPU_STACK_WEBHOOK_PURE_PYTHON=1 $(PURE_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation \
+	  --ignore-installed ./webhook
+	rm -rf webhook/build
+	touch $@
+
 helm:
 	@hack/ensure-helm.sh >/dev/null
 
-test: $(STAMP) helm
+test: $(STAMP) helm test-interpreted
 	$(PY) -m pytest -n 2 tests --ignore=tests/e2e
+
+test-interpreted: $(PURE_STAMP)
+	GPU_STACK_WEBHOOK_PURE_PYTHON=1 $(PURE_VENV)/bin/python -m pytest -n 2 -q $(PURE_TESTS)
 
 # The chart and the webhook against a real API server (tests/e2e, marker e2e): a throwaway control plane
 # from KUBEBUILDER_ASSETS (prepared by hack/envtest-assets.sh from ../shared/envtest when unset), or the
@@ -89,4 +114,4 @@ soak: $(STAMP)
 	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600} --report bench/soak.md
 
 clean:
-	rm -rf $(VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PURE_VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache

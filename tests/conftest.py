@@ -46,9 +46,9 @@ def stale_build_message() -> str:
     if built["sources_sha256"] != now:
         kind = "compiled" if built["compiled"] else "interpreted"
         return (f"the {kind} gpu_stack_webhook installed at {location} was built from other sources than "
-                f"webhook/ holds now (sha256 {built['sources_sha256'][:12]}, now {now[:12]}): run `make venv` "
-                "to rebuild it (make test, make e2e and make lint do), or test the sources interpreted with "
-                "PYTHONPATH=webhook/src")
+                f"webhook/ holds now (sha256 {built['sources_sha256'][:12]}, now {now[:12]}): rebuild it with "
+                "`make venv` (make test, make e2e and make lint do; `make test-interpreted` for the interpreted "
+                "build), or test the sources themselves with PYTHONPATH=webhook/src")
     return ""
 
 

@@ -4,7 +4,8 @@ Every admission review runs these modules (the pod view, the rules, the engine, 
 codec and the request path); compiled they take about half the CPU they take interpreted
 (BENCHMARKS.md). mypyc compiles the typed Python as written: the source stays the one truth, mypy
 checks it strictly, and the same modules run interpreted when built with GPU_STACK_WEBHOOK_PURE_PYTHON=1
-(for a debugger or a line profiler; `make test` and the image run the compiled build).
+(for a debugger or a line profiler; the image runs the compiled build, `make test` the compiled build and
+then the policy and admission tests on the interpreted one, `make test-interpreted`).
 
 Every build records which sources it was made from (gpu_stack_webhook/build-record.json, written by
 build_source.py beside the built modules), so the test session can refuse a build of other sources.
