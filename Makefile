@@ -5,15 +5,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test e2e demo lint bench bench-inspect helm promtool clean fuzz soak image
+.PHONY: all venv test test-interpreted e2e demo lint bench bench-inspect helm promtool clean fuzz soak image
 
 all: test
 
 DEPS_STAMP := $(VENV)/.dependencies
 # The webhook is installed as built, not editable: mypyc compiles the review path (webhook/setup.py), so
 # any change to its sources rebuilds it (~30 s) and the tests run what the image ships.
-# GPU_STACK_WEBHOOK_PURE_PYTHON=1 builds it interpreted (for a debugger or a line profiler).
-WEBHOOK_SOURCES := $(shell find webhook/src -name '*.py' -not -path '*/build/*') webhook/setup.py webhook/pyproject.toml
+# GPU_STACK_WEBHOOK_PURE_PYTHON=1 builds it interpreted (for a debugger or a line profiler). Each build records
+# a digest of these sources; the test session stops when it differs from the checkout (tests/conftest.py).
+WEBHOOK_SOURCES := $(shell find webhook/src/gpu_stack_webhook -type f \( -name '*.py' -o -name '*.json' -o -name py.typed \) -not -path '*/__pycache__/*') webhook/setup.py webhook/pyproject.toml
 
 $(DEPS_STAMP): requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,28 @@ $(STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
 
 venv: $(STAMP)
 
+# The interpreted build (GPU_STACK_WEBHOOK_PURE_PYTHON=1), what a contributor runs under a debugger, in a
+# venv of its own that holds only the webhook and takes every dependency from $(VENV) (a .pth line). The
+# policy and admission unit tests run against it too (test-interpreted, part of make test), so the compiled
+# and the interpreted build cannot drift apart.
+PURE_VENV ?= .venv-interpreted
+PURE_STAMP := $(PURE_VENV)/.installed
+PURE_TESTS := $(wildcard tests/webhook/test_rules_*.py) tests/webhook/test_engine.py tests/webhook/test_desired.py \
+	tests/webhook/test_quantity.py tests/webhook/test_config.py tests/webhook/test_sharing_plugin_v020.py \
+	tests/webhook/test_response.py tests/webhook/test_recorded_reviews.py tests/webhook/test_bypass.py \
+	tests/webhook/test_memo_threads.py tests/webhook/test_compiled_build.py
+
+$(PURE_STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
+	rm -rf $(PURE_VENV) webhook/build
+	$(PYTHON) -m venv --without-pip $(PURE_VENV)
+	deps="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	  own="$$($(PURE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	  echo "import site; site.addsitedir('$$deps')" > "$$own/dependencies-from-venv.pth"
+	GPU_STACK_WEBHOOK_PURE_PYTHON=1 $(PURE_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation \
+	  --ignore-installed ./webhook
+	rm -rf webhook/build
+	touch $@
+
 helm:
 	@hack/ensure-helm.sh >/dev/null
 
@@ -36,8 +59,11 @@ helm:
 promtool:
 	@hack/ensure-promtool.sh >/dev/null
 
-test: $(STAMP) helm promtool
+test: $(STAMP) helm promtool test-interpreted
 	$(PY) -m pytest -n 2 tests --ignore=tests/e2e
+
+test-interpreted: $(PURE_STAMP)
+	GPU_STACK_WEBHOOK_PURE_PYTHON=1 $(PURE_VENV)/bin/python -m pytest -n 2 -q $(PURE_TESTS)
 
 # The chart and the webhook against a real API server (tests/e2e, marker e2e): a throwaway control plane
 # from KUBEBUILDER_ASSETS (prepared by hack/envtest-assets.sh from ../shared/envtest when unset), or the
@@ -101,4 +127,4 @@ soak: $(STAMP)
 	$(PY) hack/soak.py --seconds $${SOAK_SECONDS:-600} --report bench/soak.md
 
 clean:
-	rm -rf $(VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PURE_VENV) .tools .demo .pytest_cache .mypy_cache .ruff_cache

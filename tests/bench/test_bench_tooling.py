@@ -23,6 +23,9 @@ from gpu_stack_webhook.admission.review import parse_review  # noqa: E402
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config  # noqa: E402
 from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
 
+# The recordings are in the repository (tests/fixtures/README.md): absent, every test here fails.
+assert bodies.FIXTURES.is_dir(), f"recorded fixtures absent at {bodies.FIXTURES}"
+
 
 def _all_bodies() -> list[bodies.Body]:
     return [b for ep in bodies.ENDPOINTS for b in bodies.mix(ep)]

@@ -55,8 +55,33 @@ class Render:
         return self.returncode == 0
 
     def objects(self) -> list[dict[str, Any]]:
+        """The rendered objects; a mapping with a duplicate key is an error (load_all_strict)."""
         assert self.ok, f"helm template failed:\n{self.stderr}"
-        return [d for d in yaml.safe_load_all(self.stdout) if d]
+        return [d for d in load_all_strict(self.stdout) if d]
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that raises on a duplicate mapping key, where PyYAML silently keeps the last one
+    (the API server's decoder rejects or keeps one depending on the path: the chart must not rely on it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                        f"found duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_all_strict(text: str) -> list[Any]:
+    """Every YAML document of `text`, raising on a duplicate key in any mapping."""
+    return list(yaml.load_all(text, Loader=UniqueKeyLoader))
 
 
 def _overlay_args(overlay: str) -> list[str]:

@@ -9,8 +9,19 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
-from .chartlib import CHART, NAMESPACE, _overlay_args, overlays, render, run_helm, template_args
+from .chartlib import (
+    CHART,
+    EXAMPLES,
+    NAMESPACE,
+    _overlay_args,
+    load_all_strict,
+    overlays,
+    render,
+    run_helm,
+    template_args,
+)
 
 # The chart's kubeVersion floor (Chart.yaml) and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.29", "1.37")
@@ -29,6 +40,8 @@ CUSTOM_KINDS = {
 }
 
 OVERLAYS = overlays()
+# Renders of the CEL admission policies too (templates/webhook/admission-policies.yaml): no overlay turns them on.
+CEL_MODES = {"webhook.validation.mode": "both", "webhook.mutation.mode": "cel", "webhook.cel.assumeServed": True}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -152,3 +165,38 @@ def test_strict_schema_rejects_unknown_fields() -> None:
     broken = {**obj, "metadata": {**obj["metadata"], "lables": {}}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+
+
+def _no_duplicate_keys(text: str) -> None:
+    """Every mapping of every document in `text`, and of the YAML files the documents carry as ConfigMap
+    data (the policy, the device plugin configs), has each key once (load_all_strict raises otherwise)."""
+    for doc in load_all_strict(text):
+        if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+            for key, value in (doc.get("data") or {}).items():
+                if key.endswith((".yaml", ".yml")):
+                    load_all_strict(value)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_mapping_has_a_duplicate_key(helm: int, overlay: str) -> None:
+    """PyYAML keeps the last of two equal keys without a word, and so would a reader of the chart: every
+    render (the defaults, each overlay, the CEL policies) is read with a loader that refuses them."""
+    result = render(helm, overlay)
+    assert result.ok, result.stderr
+    _no_duplicate_keys(result.stdout)
+    if overlay == "default":
+        cel = render(helm, overlay, set_json=CEL_MODES)
+        assert cel.ok, cel.stderr
+        assert "ValidatingAdmissionPolicy" in cel.stdout and "MutatingAdmissionPolicy" in cel.stdout
+        _no_duplicate_keys(cel.stdout)
+
+
+def test_values_files_have_no_duplicate_key() -> None:
+    for path in [CHART / "values.yaml", *sorted(EXAMPLES.glob("*.yaml"))]:
+        load_all_strict(path.read_text(encoding="utf-8"))
+
+
+def test_the_strict_loader_refuses_a_duplicate_key() -> None:
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'readOnly'"):
+        load_all_strict("a:\n  - name: policy\n    readOnly: true\n    readOnly: true\n")
+    assert load_all_strict("a: {b: 1}\n---\nb: [1, 1]\n") == [{"a": {"b": 1}}, {"b": [1, 1]}]

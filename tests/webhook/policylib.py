@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_stack_webhook.admission import decide as admission_decide
-from gpu_stack_webhook.admission.decide import Endpoint
-from gpu_stack_webhook.admission.review import Decision, parse_review
+from gpu_stack_webhook.admission.decide import Decision, Endpoint
+from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Evaluation, Policy
 from gpu_stack_webhook.policy.findings import Finding

@@ -204,12 +204,25 @@ def test_json_with_charset_is_accepted(client: FlaskClient) -> None:
     assert reply.status_code == 200
 
 
-def test_get_on_a_review_endpoint_is_a_json_405_with_allow(client: FlaskClient) -> None:
-    reply = client.get("/mutate")
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"])
+def test_another_method_on_a_review_endpoint_is_a_json_405_with_allow(client: FlaskClient, method: str,
+                                                                       path: str) -> None:
+    reply = client.open(path, method=method)
     assert reply.status_code == 405
     assert reply.content_type == "application/json"
     assert reply.headers["Allow"] == "POST"
-    assert "error" in reply.get_json()
+    if method == "HEAD":
+        assert reply.data == b"" and int(reply.headers["Content-Length"]) > 0
+    else:
+        assert reply.get_json() == {"error": "The method is not allowed for the requested URL."}
+
+
+def test_a_wrong_method_elsewhere_is_flasks_405_with_the_same_body(client: FlaskClient) -> None:
+    reply = client.post("/healthz")
+    assert reply.status_code == 405
+    assert set(reply.headers["Allow"].split(", ")) == {"GET", "HEAD", "OPTIONS"}
+    assert reply.get_json() == {"error": "The method is not allowed for the requested URL."}
 
 
 def test_unknown_path_is_a_json_404(client: FlaskClient) -> None:

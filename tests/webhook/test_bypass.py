@@ -1,8 +1,9 @@
 """The bypass catalogue: every way around each rule we could think of, end to end.
 
 Each case is an attack (its id and comment say what it tries) sent the way the apiserver sends it:
-an AdmissionReview built by `gpu_stack_webhook.admission.requests.admission_review`, judged by `Policy.review`,
-and the same body through the HTTP layer (create_app's test client) with the same verdict. The rule
+an AdmissionReview built by `gpu_stack_webhook.admission.requests.admission_review`, judged by
+`admission.decide.review`, and the same body through the HTTP layer (create_app's test client) with the
+same verdict. The rule
 tests (test_rules_*.py) pin each rule's details; this file is the security-facing list. A new
 bypass idea goes here first.
 
@@ -263,7 +264,7 @@ def _judge(case: Attack) -> dict[str, Any]:
     assert reply.status_code == 200, reply.data
     response: dict[str, Any] = reply.get_json()["response"]
     assert response["uid"] == body["request"]["uid"]
-    assert response["allowed"] is decision.allowed, "the HTTP layer and Policy.review disagree"
+    assert response["allowed"] is decision.allowed, "the HTTP layer and decide.review disagree"
     return {"decision": decision, "response": response}
 
 

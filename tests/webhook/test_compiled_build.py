@@ -1,8 +1,13 @@
 """The review path runs compiled (webhook/setup.py: mypyc), as `make` installs it and the image ships it.
 
 A module dropped from the build, or a build that fell back to plain Python, would still pass every other
-test and only show as a slower webhook in `make bench`; these tests say so at once. Built with
-GPU_STACK_WEBHOOK_PURE_PYTHON=1 (for a debugger or a line profiler) they are skipped.
+test and only show as a slower webhook in `make bench`; these tests say so at once. Run against the build
+made with GPU_STACK_WEBHOOK_PURE_PYTHON=1 (for a debugger or a line profiler; `make test-interpreted` runs
+these and the policy and admission tests on it, with that variable set), they check the opposite: every
+module is the interpreted one.
+
+Every build records the digest of its sources (build_source.py), which tests/conftest.py compares with the
+checkout before a session starts; the last tests here hold the record and the digest to that.
 """
 
 from __future__ import annotations
@@ -10,9 +15,13 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.machinery
+import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
+from gpu_stack_webhook import build_source
 from recordlib import REPO_ROOT
 
 SETUP = REPO_ROOT / "webhook" / "setup.py"
@@ -34,8 +43,7 @@ def module_name(path: str) -> str:
     return ".".join(["gpu_stack_webhook", *parts])
 
 
-pure = pytest.mark.skipif(os.environ.get("GPU_STACK_WEBHOOK_PURE_PYTHON") == "1",
-                          reason="built with GPU_STACK_WEBHOOK_PURE_PYTHON=1")
+INTERPRETED = os.environ.get("GPU_STACK_WEBHOOK_PURE_PYTHON") == "1"
 
 
 def test_every_compiled_path_is_a_module_of_the_package() -> None:
@@ -44,15 +52,16 @@ def test_every_compiled_path_is_a_module_of_the_package() -> None:
     assert [p for p in paths if not (PACKAGE_ROOT / p).is_file()] == []
 
 
-@pure
 @pytest.mark.parametrize("path", compiled_paths())
-def test_the_installed_module_is_the_compiled_one(path: str) -> None:
+def test_the_installed_module_is_of_the_build_asked_for(path: str) -> None:
     module = importlib.import_module(module_name(path))
     assert module.__file__ is not None
-    assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
+    if INTERPRETED:
+        assert module.__file__.endswith(".py"), module.__file__
+    else:
+        assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
 
 
-@pure
 def test_the_rules_and_the_request_path_are_all_compiled() -> None:
     """Every rule module (a new rule is one file: it must join the build) and every module a review runs."""
     paths = set(compiled_paths())
@@ -61,3 +70,37 @@ def test_the_rules_and_the_request_path_are_all_compiled() -> None:
                    "policy/pod.py", "policy/sharing.py", "server/metric_values.py", "server/metrics.py",
                    "server/review_routes.py"}
     assert sorted((rules | review_path) - paths) == []
+
+
+def test_the_installed_build_records_the_sources_of_this_checkout() -> None:
+    assert build_source.__file__ is not None
+    record = json.loads(Path(build_source.__file__).with_name(build_source.BUILD_RECORD).read_text())
+    assert record == {"sources_sha256": build_source.source_digest(REPO_ROOT / "webhook"),
+                      "compiled": not INTERPRETED}
+
+
+def test_the_source_digest_changes_with_any_file_a_build_reads(tmp_path: Path) -> None:
+    webhook = tmp_path / "webhook"
+    shutil.copytree(REPO_ROOT / "webhook" / "src" / "gpu_stack_webhook", webhook / "src" / "gpu_stack_webhook",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml"):
+        shutil.copy(REPO_ROOT / "webhook" / name, webhook / name)
+    original = build_source.source_digest(webhook)
+    assert original == build_source.source_digest(REPO_ROOT / "webhook")
+    (webhook / "src" / "gpu_stack_webhook" / "policy" / "__pycache__").mkdir()
+    (webhook / "src" / "gpu_stack_webhook" / "policy" / "__pycache__" / "pod.cpython-311.pyc").write_bytes(b"x")
+    assert build_source.source_digest(webhook) == original, "bytecode is no source"
+    changes = [
+        webhook / "src" / "gpu_stack_webhook" / "policy" / "quantity.py",
+        webhook / "src" / "gpu_stack_webhook" / "inspect" / "inspect-v1.schema.json",
+        webhook / "setup.py",
+        webhook / "pyproject.toml",
+    ]
+    for path in changes:
+        saved = path.read_bytes()
+        path.write_bytes(saved + b"\n")
+        assert build_source.source_digest(webhook) != original, path
+        path.write_bytes(saved)
+    assert build_source.source_digest(webhook) == original
+    (webhook / "src" / "gpu_stack_webhook" / "policy" / "new_rule.py").write_text("")
+    assert build_source.source_digest(webhook) != original, "a new module"

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 from gpu_stack_webhook.admission import decide as admission_decide
-from gpu_stack_webhook.admission.decide import Endpoint
-from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, parse_review
+from gpu_stack_webhook.admission.decide import Decision, Endpoint
+from gpu_stack_webhook.admission.pipeline import response_of
+from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, parse_review
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
@@ -253,7 +254,7 @@ def test_a_long_lookup_warning_is_cut_in_its_reason_not_in_what_it_warns_about()
             fake = fake_with(None)
             fake.unreachable = unreachable
             decision = decide(env_from_pod({"configMapRef": {"name": name}}), "validate", facts_for(fake))
-            sent = build_response("u", decision, allow_patch=False)["response"]["warnings"]
+            sent = response_of("u", decision, allow_patch=False)["response"]["warnings"]
             assert f'envFrom ConfigMap "{name}" must not hold NVIDIA_VISIBLE_DEVICES' in sent[0], sent
 
 

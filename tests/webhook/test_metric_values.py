@@ -13,9 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.decide import Decision, Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply, answer
-from gpu_stack_webhook.admission.review import Decision
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server import gunicorn_conf, metric_values

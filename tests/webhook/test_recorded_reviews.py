@@ -13,7 +13,8 @@ import pytest
 import yaml
 from gpu_stack_webhook.admission import decide
 from gpu_stack_webhook.admission.decide import Endpoint
-from gpu_stack_webhook.admission.review import build_response, parse_review
+from gpu_stack_webhook.admission.pipeline import response_of
+from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from podlib import GPU, apply_patch
@@ -110,7 +111,7 @@ def endpoint_of(name: str) -> Endpoint:
 def answer(body: dict[str, Any], endpoint: Endpoint, config: PolicyConfig | None = None) -> dict[str, Any]:
     request = parse_review(body)
     decision = decide.review((Policy(config) if config else policy()), request, endpoint)
-    return build_response(request.uid, decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
+    return response_of(request.uid, decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
 
 
 def decoded(response: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""build_response against the admission.k8s.io/v1 contract, the recorded responses, and what kubectl prints."""
+"""The AdmissionReview response (review.build_response, from a Decision by pipeline.response_of) against the
+admission.k8s.io/v1 contract, the recorded responses, and what kubectl prints."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, Decision, build_response, short_warning
+from gpu_stack_webhook.admission.decide import Decision
+from gpu_stack_webhook.admission.pipeline import response_of
+from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, short_warning
 from podlib import GPU, container, make_pod, wrap
 from policylib import CONFIG_LABEL, config_mig, config_mps, config_per_node, decide
 from recordlib import FIXTURES, recorded, recorded_params
@@ -20,7 +23,7 @@ VALIDATING = "validate.gpu-stack.io"
 
 
 def body(decision: Decision, *, allow_patch: bool, uid: str = UID) -> dict[str, Any]:
-    out = build_response(uid, decision, allow_patch=allow_patch)
+    out = response_of(uid, decision, allow_patch=allow_patch)
     json.dumps(out)  # must be plain JSON
     return out
 
@@ -310,9 +313,8 @@ def test_apiserver_status_for_our_denial() -> None:
 
 
 def test_fixtures_dir_points_at_the_shared_recordings() -> None:
-    # guard against a silently wrong FIXTURES path: the recordings' README is there when they are
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} absent")
+    # guard against a silently wrong FIXTURES path: the recordings are in the repository (tests/fixtures)
+    assert FIXTURES.is_dir(), f"{FIXTURES} absent (tests/fixtures/README.md)"
     assert (FIXTURES / "README.md").read_text(encoding="utf-8").startswith("# apiserver-v1.36 fixtures")
 
 

@@ -195,9 +195,9 @@ def test_offline_through_the_policy(name: str) -> None:
     def decide(path: str, body: dict[str, Any]) -> dict[str, Any]:
         endpoint = Endpoint(path.strip("/"))
         decision = admission_decide.review(policy, parse_review(body), endpoint)
-        from gpu_stack_webhook.admission.review import build_response  # noqa: PLC0415
+        from gpu_stack_webhook.admission.pipeline import response_of  # noqa: PLC0415
 
-        return build_response(body["request"]["uid"], decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
+        return response_of(body["request"]["uid"], decision, allow_patch=endpoint is Endpoint.MUTATE)["response"]
 
     case = CASES[name]
     _check(case, *_decide_both(copy.deepcopy(case.pod), decide))

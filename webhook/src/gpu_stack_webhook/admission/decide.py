@@ -1,4 +1,4 @@
-"""From an admission request to a Decision: which requests are judged, and what the findings mean.
+"""From an admission request to a Decision (defined here): which requests are judged, and what the findings mean.
 
 /mutate judges Pods being created: it returns the patches the rules propose, and denies early only
 what Kubernetes would reject before the validating webhooks run (listing every violation found).
@@ -10,13 +10,81 @@ when it was created is never denied for a rule added later.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Literal
 
-from gpu_stack_webhook.admission.review import WEBHOOK_FAILURE, AdmissionRequest, Decision
+from gpu_stack_webhook.admission.review import AdmissionRequest
 from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
-from gpu_stack_webhook.policy.findings import Finding
+from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp
 from gpu_stack_webhook.policy.pod import NotAPodError
+
+Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
+# `Decision.crashed` when the failure was outside the rules (no rule to name).
+WEBHOOK_FAILURE = "webhook"
+
+
+class Decision:
+    """The verdict on one request, structured: the response, the audit annotations, the metrics and the
+    decision log are all derived from these fields (never from each other's text). Not modified once
+    built (a plain slotted class, like review.py's AdmissionRequest)."""
+
+    __slots__ = ("allowed", "code", "crashed", "denied_by", "message", "mutated", "patch", "skipped", "warned",
+                 "warnings")
+
+    def __init__(self, allowed: bool, *, code: int = 200, message: str = "", warnings: tuple[str, ...] = (),
+                 patch: tuple[JsonPatchOp, ...] = (), denied_by: tuple[str, ...] = (), warned: tuple[str, ...] = (),
+                 mutated: tuple[str, ...] = (), crashed: str = "", skipped: str = "") -> None:
+        self.allowed = allowed
+        self.code = code
+        self.message = message
+        self.warnings = warnings
+        self.patch = patch
+        # Rule IDs by role: the denials, the warnings (/validate), the changes and their notes (/mutate).
+        self.denied_by = denied_by
+        self.warned = warned
+        self.mutated = mutated
+        # The rule that raised (or WEBHOOK_FAILURE): the answer is the fail-closed one.
+        self.crashed = crashed
+        # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
+        self.skipped = skipped
+
+    def __repr__(self) -> str:
+        return f"Decision({self.outcome}, code={self.code}, rules={self.rules})"
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.crashed:
+            return "error"
+        if self.skipped:
+            return "skipped"
+        if not self.allowed:
+            return "denied"
+        return "patched" if self.patch else "allowed"
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule that reported, once, in the order crashed, denied, warned, mutated."""
+        crashed = (self.crashed,) if self.crashed and self.crashed != WEBHOOK_FAILURE else ()
+        return tuple(dict.fromkeys((*crashed, *self.denied_by, *self.warned, *self.mutated)))
+
+    def severities(self) -> Iterator[tuple[str, str]]:
+        """(rule, severity) for every rule that reported: error (it crashed), deny or warn."""
+        for rule in self.rules:
+            yield rule, ("error" if rule == self.crashed else "deny" if rule in self.denied_by else "warn")
+
+    @property
+    def audit(self) -> dict[str, str]:
+        """The auditAnnotations (keys without a prefix: the API server adds the webhook's name)."""
+        if self.crashed:
+            return {"internal-error": self.crashed}
+        if self.denied_by:
+            return {"denied-by": ",".join(self.denied_by)}
+        if self.mutated:
+            return {"mutations": ",".join(self.mutated)}
+        if self.warned:
+            return {"warnings": ",".join(self.warned)}
+        return {}
 
 
 class Endpoint(enum.Enum):

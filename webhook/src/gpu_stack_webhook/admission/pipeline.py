@@ -12,6 +12,9 @@ server's WSGI dispatch, `gpu-stack-webhook check`, the tests), with one serialis
 
 Errors are JSON `{"error": ...}`. The `Reply` also carries the structured `Decision` (and the parsed
 request) that metrics and the decision log read; nothing here logs except an unexpected exception.
+
+A review goes down once and comes back once: review.py parses the request, decide.py makes the Decision
+(running the policy), and review.py encodes the response from the decision's fields (`response_of`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,8 @@ from typing import Any
 
 import orjson
 
-from gpu_stack_webhook.admission.decide import Endpoint, internal_error, review
-from gpu_stack_webhook.admission.review import (
-    AdmissionRequest,
-    BadReview,
-    Decision,
-    Outcome,
-    build_response,
-    parse_review,
-)
+from gpu_stack_webhook.admission.decide import Decision, Endpoint, Outcome, internal_error, review
+from gpu_stack_webhook.admission.review import AdmissionRequest, BadReview, build_response, parse_review
 from gpu_stack_webhook.policy.engine import Policy
 
 JSON = "application/json"
@@ -40,7 +36,8 @@ log = logging.getLogger("gpu_stack_webhook.admission.pipeline")
 
 class Reply:
     """What to send (status, headers, body) and what was decided, for metrics and logs. Built once per
-    request and not modified (a plain slotted class: compiled, cheaper than a NamedTuple; see review.py)."""
+    request and not modified (a plain slotted class: compiled, cheaper than a NamedTuple; see review.py's
+    AdmissionRequest)."""
 
     __slots__ = ("body", "decision", "error", "request", "status")
 
@@ -64,6 +61,13 @@ class Reply:
     @property
     def outcome(self) -> Outcome:
         return self.decision.outcome if self.decision is not None else "error"
+
+
+def response_of(uid: str, decision: Decision, *, allow_patch: bool) -> dict[str, Any]:
+    """The AdmissionReview response for `decision`; its patch only when `allow_patch` (/mutate)."""
+    return build_response(uid, decision.allowed, code=decision.code, message=decision.message,
+                          warnings=decision.warnings, patch=decision.patch if allow_patch else (),
+                          audit=decision.audit)
 
 
 def error_body(message: str) -> bytes:
@@ -124,11 +128,11 @@ def answer_document(endpoint: Endpoint, document: Any, policy: Policy) -> Reply:
     allow_patch = endpoint is Endpoint.MUTATE
     try:
         decision = review(policy, request, endpoint)
-        body = orjson.dumps(build_response(request.uid, decision, allow_patch=allow_patch))
+        body = orjson.dumps(response_of(request.uid, decision, allow_patch=allow_patch))
         error = ""
     except Exception as failure:  # once the uid is known every failure is a fail-closed decision
         log.exception("unexpected error reviewing %s %s", endpoint.value, request.uid)
         decision = internal_error(endpoint)
-        body = orjson.dumps(build_response(request.uid, decision, allow_patch=allow_patch))
+        body = orjson.dumps(response_of(request.uid, decision, allow_patch=allow_patch))
         error = f"{type(failure).__name__}: {failure}"
     return Reply(200, body, request, decision, error)

@@ -1,14 +1,15 @@
-"""admission.k8s.io/v1 on the wire: parse an AdmissionReview, build the one response shape we send.
+"""admission.k8s.io/v1 on the wire: parse an AdmissionReview request, encode the one response shape we send.
 
-Pure functions. A review we cannot read raises `BadReview` (the HTTP layer answers 400); everything
-about the object itself is a `Decision` answered inside a proper AdmissionReview response.
+A review we cannot read raises `BadReview` (the HTTP layer answers 400); everything about the object itself
+is decided in decide.py and answered inside a proper AdmissionReview response built here from the
+decision's fields. Pure functions, except the memo of the last encoded patch (`_LastPatch`, see there).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
@@ -60,74 +61,6 @@ class AdmissionRequest:
         return f"{self.namespace}/{name}" if self.namespace else str(name)
 
 
-Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
-# `Decision.crashed` when the failure was outside the rules (no rule to name).
-WEBHOOK_FAILURE = "webhook"
-
-
-class Decision:
-    """The verdict on one request, structured: the response, the audit annotations, the metrics and the
-    decision log are all derived from these fields (never from each other's text). Not modified once
-    built (a plain slotted class, like AdmissionRequest)."""
-
-    __slots__ = ("allowed", "code", "crashed", "denied_by", "message", "mutated", "patch", "skipped", "warned",
-                 "warnings")
-
-    def __init__(self, allowed: bool, *, code: int = 200, message: str = "", warnings: tuple[str, ...] = (),
-                 patch: tuple[JsonPatchOp, ...] = (), denied_by: tuple[str, ...] = (), warned: tuple[str, ...] = (),
-                 mutated: tuple[str, ...] = (), crashed: str = "", skipped: str = "") -> None:
-        self.allowed = allowed
-        self.code = code
-        self.message = message
-        self.warnings = warnings
-        self.patch = patch
-        # Rule IDs by role: the denials, the warnings (/validate), the changes and their notes (/mutate).
-        self.denied_by = denied_by
-        self.warned = warned
-        self.mutated = mutated
-        # The rule that raised (or WEBHOOK_FAILURE): the answer is the fail-closed one.
-        self.crashed = crashed
-        # Why the object was not judged at all (exempt namespace, operation, kind), for logs.
-        self.skipped = skipped
-
-    def __repr__(self) -> str:
-        return f"Decision({self.outcome}, code={self.code}, rules={self.rules})"
-
-    @property
-    def outcome(self) -> Outcome:
-        if self.crashed:
-            return "error"
-        if self.skipped:
-            return "skipped"
-        if not self.allowed:
-            return "denied"
-        return "patched" if self.patch else "allowed"
-
-    @property
-    def rules(self) -> tuple[str, ...]:
-        """Every rule that reported, once, in the order crashed, denied, warned, mutated."""
-        crashed = (self.crashed,) if self.crashed and self.crashed != WEBHOOK_FAILURE else ()
-        return tuple(dict.fromkeys((*crashed, *self.denied_by, *self.warned, *self.mutated)))
-
-    def severities(self) -> Iterator[tuple[str, str]]:
-        """(rule, severity) for every rule that reported: error (it crashed), deny or warn."""
-        for rule in self.rules:
-            yield rule, ("error" if rule == self.crashed else "deny" if rule in self.denied_by else "warn")
-
-    @property
-    def audit(self) -> dict[str, str]:
-        """The auditAnnotations (keys without a prefix: the API server adds the webhook's name)."""
-        if self.crashed:
-            return {"internal-error": self.crashed}
-        if self.denied_by:
-            return {"denied-by": ",".join(self.denied_by)}
-        if self.mutated:
-            return {"mutations": ",".join(self.mutated)}
-        if self.warned:
-            return {"warnings": ",".join(self.warned)}
-        return {}
-
-
 def parse_review(body: Any) -> AdmissionRequest:
     """Validate the envelope of an AdmissionReview request (already decoded from JSON or YAML, so its
     objects are dicts)."""
@@ -171,7 +104,13 @@ def short_warning(text: str) -> str:
 
 class _LastPatch:
     """The last patch encoded, by identity: the pods of one workload get the very same operations from the
-    engine's diff memo (policy/desired.py), so consecutive reviews mostly send the same encoded patch."""
+    engine's diff memo (policy/desired.py), so consecutive reviews mostly send the same encoded patch.
+
+    Module-level state in this otherwise pure module, shared by every thread of a gunicorn gthread worker.
+    Bounded by construction (one entry). Thread-safe without a lock: the (patch, encoding) pair is one
+    tuple, read and replaced in one attribute access, and compared by identity, so a thread gets its own
+    patch's encoding or encodes it itself; never another's. Tested from several threads at once
+    (tests/webhook/test_memo_threads.py)."""
 
     __slots__ = ("last",)
 
@@ -193,19 +132,20 @@ class _LastPatch:
 _encoded_patches = _LastPatch()
 
 
-def build_response(uid: str, decision: Decision, *, allow_patch: bool) -> dict[str, Any]:
-    """The AdmissionReview response: uid, apiVersion and kind echoed; status on denial; patch only
-    when `allow_patch` (the mutating endpoint) and the object is allowed."""
-    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
-    if not decision.allowed:
-        code = decision.code if decision.code in REASONS else 403
-        response["status"] = {"code": code, "reason": REASONS[code], "message": decision.message}
-    if decision.warnings:
-        response["warnings"] = [short_warning(w) for w in decision.warnings]
-    if allow_patch and decision.allowed and decision.patch:
+def build_response(uid: str, allowed: bool, *, code: int = 403, message: str = "", warnings: tuple[str, ...] = (),
+                   patch: tuple[JsonPatchOp, ...] = (), audit: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The AdmissionReview response: uid, apiVersion and kind echoed; status (`code`, `message`) on denial;
+    `patch` only when allowed (the caller passes one on the mutating endpoint only); `audit` as the
+    auditAnnotations."""
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        code = code if code in REASONS else 403
+        response["status"] = {"code": code, "reason": REASONS[code], "message": message}
+    if warnings:
+        response["warnings"] = [short_warning(w) for w in warnings]
+    if allowed and patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = _encoded_patches.encoded(decision.patch)
-    audit = decision.audit
+        response["patch"] = _encoded_patches.encoded(patch)
     if audit:
-        response["auditAnnotations"] = audit
+        response["auditAnnotations"] = dict(audit)
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}

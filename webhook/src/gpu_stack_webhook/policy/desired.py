@@ -9,6 +9,12 @@ else stays shared with the request, so jsonpatch is handed only what an edit tou
 The pods of one workload are edited alike (the same hostIPC, toleration and nodeSelector for every
 replica), so the same difference comes back review after review: jsonpatch's answer for it is kept
 (`_diff_of`, a bounded LRU keyed by the exact JSON of the two sides, and computed from that JSON).
+
+Module-level state: `_diff_of` (1,024 entries) and `_tokens` (4,096) are functools.lru_cache memos shared
+by every thread of a gunicorn gthread worker. Each value is a function of its key alone, and lru_cache
+keeps its table consistent under threads (a race computes a value twice, never a wrong one); the
+operations handed out are shared between reviews and only ever serialised, never edited. Tested from
+several threads at once (tests/webhook/test_memo_threads.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O.
+"""The policy engine: a loaded config compiled once, run on the pod spec of an object. Pure, no I/O: the
+same object and config give the same findings and patch (desired.py memoizes diffs in bounded,
+thread-safe caches; see there).
 
 `Policy.evaluate` runs every enabled rule and returns their findings (denials, warnings, changes) and,
 for a Pod being created, the JSONPatch from the object to the pod the rules want (policy/desired.py);
@@ -57,7 +59,8 @@ class Evaluation:
 
 
 class Policy:
-    """A loaded config compiled once; `review` and `evaluate` are called per request."""
+    """A loaded config compiled once; `evaluate` (and `new_findings` on UPDATE) are called per request, by
+    admission/decide.py's `review`."""
 
     def __init__(self, config: PolicyConfig, rules: Iterable[Rule] = RULES, facts: ClusterFacts = OFFLINE) -> None:
         """Raises ConfigError when `rules.disabled` names a rule that does not exist (checked here, where

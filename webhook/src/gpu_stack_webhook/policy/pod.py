@@ -6,8 +6,6 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from jsonpointer import escape as escape_pointer_token
-
 from gpu_stack_webhook.policy.desired import READ_ONLY, DesiredPod
 from gpu_stack_webhook.policy.quantity import parse_quantity
 
@@ -206,7 +204,3 @@ def parse_count(value: Any) -> Decimal | None:
 
 def format_count(value: Decimal) -> str:
     return str(int(value)) if value == value.to_integral_value() else str(value.normalize())
-
-
-def pointer_token(key: str) -> str:
-    return escape_pointer_token(key)

@@ -5,7 +5,8 @@
   each reply from its structured decision.
 * GET /healthz (alive), /readyz (config loaded and the readiness hook agrees), /metrics (Prometheus;
   aggregated over gunicorn workers when PROMETHEUS_MULTIPROC_DIR is set).
-* Anything else is a JSON error from Flask: 404, 405 with Allow (GET /mutate), 500 `internal error`.
+* Another method on /mutate or /validate: 405 with Allow: POST (review_routes.py, without Flask).
+* Anything else is a JSON error from Flask: 404, 405 with Allow (POST /healthz), 500 `internal error`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
 from gpu_stack_webhook.server.reloader import serving_policy
-from gpu_stack_webhook.server.review_routes import ROUTES, ReviewRoutes
+from gpu_stack_webhook.server.review_routes import ReviewRoutes
 from gpu_stack_webhook.settings import Settings, load_settings
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
@@ -78,12 +79,6 @@ def _error_response(exc: HTTPException) -> BaseResponse:
     return response
 
 
-def _answered_by_review_routes() -> Response:
-    """POST /mutate and /validate never reach Flask (ReviewRoutes answers them); the rules exist so
-    that other methods on these paths are a 405 with Allow: POST."""
-    raise InternalServerError("internal error")
-
-
 def create_app(config: AppConfig) -> Flask:
     app = Flask("gpu_stack_webhook")
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
@@ -91,10 +86,6 @@ def create_app(config: AppConfig) -> Flask:
     policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
                             rules=config.rules, facts=config.facts)
     metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
-
-    for path in ROUTES:
-        app.add_url_rule(path, endpoint=path, view_func=_answered_by_review_routes, methods=["POST"],
-                         provide_automatic_options=False)
 
     @app.get("/healthz")
     def healthz() -> Response:

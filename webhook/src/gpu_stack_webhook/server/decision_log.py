@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gpu_stack_webhook.admission.decide import Endpoint
+from gpu_stack_webhook.admission.decide import Decision, Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply
-from gpu_stack_webhook.admission.review import Decision
 
 DECISION_LOGGER = "gpu_stack_webhook.decisions"
 decision_log = logging.getLogger(DECISION_LOGGER)

@@ -3,8 +3,8 @@
 Flask's request and response machinery (routing, request context, werkzeug wrappers) cost more CPU
 than the policy itself (BENCHMARKS.md), so a review never goes through it: this reads the body,
 hands it to admission/pipeline.py (which owns every status and byte of the answer), counts it, logs
-it and sends the reply. Everything else (other paths, other methods on these paths: 405 with Allow)
-goes to the Flask app unchanged.
+it and sends the reply. Another method on these paths is answered here too: 405 with `Allow: POST` and
+a JSON error, as Flask would answer it. Every other path goes to the Flask app unchanged.
 
 Reading: a Content-Length over the limit is answered 413 without reading the body. A body without
 one (chunked) is read up to limit + 1 bytes, which tells a body of exactly `limit` bytes from a
@@ -30,7 +30,9 @@ from gpu_stack_webhook.server.reloader import PolicySource
 
 ROUTES: Mapping[str, Endpoint] = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE}
 # The status lines werkzeug would send ("413 REQUEST ENTITY TOO LARGE").
-STATUS_LINES = {code: f"{code} {HTTP_STATUS_CODES[code].upper()}" for code in (200, 400, 413, 415, 500)}
+STATUS_LINES = {code: f"{code} {HTTP_STATUS_CODES[code].upper()}" for code in (200, 400, 405, 413, 415, 500)}
+# werkzeug's MethodNotAllowed description, as the Flask app's JSON errors carry it.
+METHOD_NOT_ALLOWED = error_reply(405, "The method is not allowed for the requested URL.")
 
 log = logging.getLogger("gpu_stack_webhook.server.review_routes")
 
@@ -69,8 +71,12 @@ class ReviewRoutes:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         endpoint = ROUTES.get(environ.get("PATH_INFO", ""))
-        if endpoint is None or environ.get("REQUEST_METHOD") != "POST":
+        if endpoint is None:
             return self.app(environ, start_response)
+        method = environ.get("REQUEST_METHOD")
+        if method != "POST":
+            start_response(STATUS_LINES[405], [*METHOD_NOT_ALLOWED.headers, ("Allow", "POST")])
+            return [] if method == "HEAD" else [METHOD_NOT_ALLOWED.body]
         started = time.perf_counter()
         reply = self.reply(endpoint, environ)
         seconds = time.perf_counter() - started
