@@ -166,7 +166,13 @@ def test_update_ephemeral_and_delete(stack: Stack) -> None:
 
 
 def test_kubectl_run_is_judged(stack: Stack) -> None:
-    proc = stack.kubectl("run", "visible", "--image=busybox", "--env=NVIDIA_VISIBLE_DEVICES=all")
+    # Under the nvidia runtime class the variable would select GPUs: denied.
+    proc = stack.kubectl("run", "visible", "--image=busybox", "--env=NVIDIA_VISIBLE_DEVICES=all",
+                         "--overrides", json.dumps({"spec": {"runtimeClassName": "nvidia"}}))
     assert proc.returncode == 1
     assert proc.stderr.startswith('Error from server (Forbidden): admission webhook "validate.gpu-stack.io" denied '
                                   'the request: GPU002 container "visible" sets NVIDIA_VISIBLE_DEVICES'), proc.stderr
+    # Without it the pod runs under runc, which reads no NVIDIA variable (the chart's runtime-class layout):
+    # the webhook is not even asked (matchConditions), and the pod is created with nothing to say.
+    proc = stack.kubectl("run", "plain-env", "--image=busybox", "--env=NVIDIA_VISIBLE_DEVICES=all")
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "pod/plain-env created", "")
