@@ -20,9 +20,7 @@ literal (templates/webhook/_webhook.tpl), and so does `expression()` for offline
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import yaml
 
 from gpu_stack_webhook.cel.library import lower_binds
+from gpu_stack_webhook.cel.render import generated_file_main
 from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.policy.rules.base import Signal
@@ -148,20 +147,7 @@ def text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when the chart's file is stale")
-    parser.add_argument("--out", type=Path, default=CHART_FILE)
-    args = parser.parse_args(argv)
-    wanted = text()
-    if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != wanted:
-            print(f"{args.out} is stale: run python -m gpu_stack_webhook.cel.match_conditions", file=sys.stderr)
-            return 1
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(wanted, encoding="utf-8")
-    return 0
+    return generated_file_main(argv, __doc__, CHART_FILE, text(), "gpu_stack_webhook.cel.match_conditions")
 
 
 if __name__ == "__main__":

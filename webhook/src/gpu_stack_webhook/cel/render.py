@@ -161,21 +161,25 @@ def text() -> str:
     return HEADER + yaml.dump(document(), Dumper=_Dumper, sort_keys=False, width=100_000)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def generated_file_main(argv: list[str] | None, doc: str, chart_file: Path, wanted: str, module: str) -> int:
+    """The command line of a generator of a chart file: write it, or (--check) exit 1 when it is stale."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the chart's file is stale")
-    parser.add_argument("--out", type=Path, default=CHART_FILE)
+    parser.add_argument("--out", type=Path, default=chart_file)
     args = parser.parse_args(argv)
-    wanted = text()
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
         if current != wanted:
-            print(f"{args.out} is stale: run python -m gpu_stack_webhook.cel.render", file=sys.stderr)
+            print(f"{args.out} is stale: run python -m {module}", file=sys.stderr)
             return 1
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(wanted, encoding="utf-8")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generated_file_main(argv, __doc__, CHART_FILE, text(), "gpu_stack_webhook.cel.render")
 
 
 if __name__ == "__main__":
