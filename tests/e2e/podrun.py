@@ -113,6 +113,12 @@ class ChartContainer:
             env[item["name"]] = item["value"]
         return env
 
+    def _hold(self) -> Path:
+        """An empty directory outside every volume's mountPath (/dev/shm, a tmpfs the pod never mounts)."""
+        path = Path(tempfile.mkdtemp(prefix="podrun-hold-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+        self.created.append(path)
+        return path
+
     def _reachable_interpreter(self, uid: int) -> list[str]:
         """The image's Python is readable by its user; this machine's may sit under a directory only root
         may enter (pyenv in /root). Then that directory is covered by an empty one that anyone may enter,
@@ -151,14 +157,21 @@ class ChartContainer:
                 if not parent.exists():
                     parent.mkdir()
                     self.created.append(parent)
+        root = shlex.quote(str(ROOT))
+        # The working tree (and its venv) may sit under a path a volume covers (a checkout in /tmp): it is
+        # held at a place no volume covers and bound back at its own path once the volumes are in place.
+        covered = any(Path(t) == ROOT or Path(t) in ROOT.parents for _, t, _ in binds)
+        hold = shlex.quote(str(self._hold())) if covered else ""
         script = self._reachable_interpreter(uid)
-        script += [f"mount -o remount,bind,ro {shlex.quote(str(ROOT))} 2>/dev/null || "
-                  f"{{ mount --bind {shlex.quote(str(ROOT))} {shlex.quote(str(ROOT))} && "
-                  f"mount -o remount,bind,ro {shlex.quote(str(ROOT))}; }}"]
+        script += [f"mount --bind {root} {root}", f"mount -o remount,bind,ro {root}"]
+        if covered:
+            script.append(f"mount --bind {root} {hold}")
         for source, target, read_only in binds:
             script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+        if covered:
+            script += [f"mkdir -p {root}", f"mount --bind {hold} {root}", f"mount -o remount,bind,ro {root}"]
         command = [*self.container["command"], *self.args()]
         script.append("cd / && exec setpriv --reuid {} --regid {} --clear-groups --no-new-privs --inh-caps=-all "
                       "--bounding-set=-all -- env -i {} {}".format(
