@@ -1,10 +1,12 @@
-"""The harness itself: a real API server answers, its controllers run, the live webhook is called."""
+"""The harness itself: a real API server answers, its controllers run, the scheduler binds pods to the Nodes
+a test publishes, the live webhook is called."""
 
 from __future__ import annotations
 
 import json
+import time
 
-from .e2elib import E2ECluster, Releases
+from .e2elib import E2ECluster, Releases, unique
 
 
 def test_api_server_and_controllers(cluster: E2ECluster) -> None:
@@ -24,6 +26,49 @@ def test_api_server_and_controllers(cluster: E2ECluster) -> None:
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
+def test_the_scheduler_binds_to_a_published_node(cluster: E2ECluster) -> None:
+    """A Node as a test publishes it (no kubelet): created, then capacity and Ready through the status
+    subresource, and the not-ready taint the API server adds at creation removed. The scheduler binds a
+    pod to it; an unsatisfiable request is reported in the pod's PodScheduled condition."""
+    name = unique("harness-node")
+    cluster.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}))
+    try:
+        assert [t["key"] for t in cluster.get_json("node", name)["spec"].get("taints", [])] == [
+            "node.kubernetes.io/not-ready"]
+        status = {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                  "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+                        "-p", json.dumps({"status": status}))
+        cluster.kubectl("patch", "node", name, "--type=json", "-p", '[{"op": "remove", "path": "/spec/taints"}]')
+        namespace = cluster.create_namespace()
+        for pod, cpu in (("fits", "1"), ("too-big", "5")):
+            container = {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+            cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(
+                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},  # only this node (existing clusters)
+                 "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "containers": [container]}}))
+        assert wait_scheduled(cluster, namespace, "fits") == ("True", "")
+        reason, message = wait_scheduled(cluster, namespace, "too-big")
+        assert reason == "False" and "Insufficient cpu" in message, message
+        assert cluster.get_json("pod", "fits", "-n", namespace)["spec"]["nodeName"] == name
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    finally:
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def wait_scheduled(cluster: E2ECluster, namespace: str, pod: str, timeout: float = 60) -> tuple[str, str]:
+    """(status, message) of the pod's PodScheduled condition once the scheduler has set it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conditions = cluster.get_json("pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
+        for condition in conditions:
+            if condition["type"] == "PodScheduled":
+                return condition["status"], condition.get("message", "")
+        assert time.monotonic() < deadline, f"pod {namespace}/{pod} has no PodScheduled condition after {timeout}s"
+        time.sleep(0.5)
+
+
 def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Releases, live_webhook) -> None:
     release, _ = releases.install()
     namespace = cluster.create_namespace()
@@ -33,7 +78,8 @@ def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Rele
                                     "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     proc = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith('Error from server (Forbidden): error when creating "STDIN": admission webhook '
-                                  '"validate.gpu-stack.io" denied the request: GPU002 container "main" sets '
-                                  "NVIDIA_VISIBLE_DEVICES explicitly"), proc.stderr
+    # The denial is the last line (admission warnings, such as GPU008's, come before it).
+    assert proc.stderr.splitlines()[-1].startswith(
+        'Error from server (Forbidden): error when creating "STDIN": admission webhook "validate.gpu-stack.io" '
+        'denied the request: GPU002 container "main" sets NVIDIA_VISIBLE_DEVICES explicitly'), proc.stderr
     assert "GPU002" in hook.log()  # the decision log of the process the API server called
