@@ -5,7 +5,7 @@ cluster is a throwaway control plane from hack/controlplane.py (etcd + kube-apis
 kube-controller-manager + kube-scheduler v1.36 from `KUBEBUILDER_ASSETS`, see hack/envtest-assets.sh), or,
 with `GPU_STACK_E2E_CLUSTER=existing`, the cluster of `KUBECONFIG` (kind, a real GPU cluster). Without
 either the session errors with a message saying what to provide. The throwaway plane has no kubelet and
-no Nodes until a test publishes them: the scheduler binds pods to those Nodes, nothing
+no Nodes until a test publishes them (tests/e2e/fleet.py): the scheduler binds pods to those Nodes, nothing
 runs them; without Nodes pods stay Pending. Admission, controllers, GC and scheduling are real.
 
 Fixtures:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ SHARED_SUFFIX = ".shared"
 # MPS pods (which the webhook gives the matching toleration) land there.
 MPS_TAINT = {"key": "gpu-stack.io/mps", "effect": "NoSchedule"}
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+FLEET_TAINT_KEY = "e2e.gpu-stack.io/fleet"  # test isolation only (see Fleet)
 # What the kubelet reports for the node itself (any values; the same for every node of a fleet).
 NODE_BASE = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
 
@@ -225,42 +227,30 @@ def plan(spec: NodeSpec, sharing: ChartSharing) -> PublishedNode:
     return PublishedNode(spec.name, labels, tuple(taints), resources)
 
 
-def requests_gpus(pod: Mapping[str, Any]) -> bool:
-    containers = [*pod["spec"].get("containers", []), *pod["spec"].get("initContainers", [])]
-    return any(name.startswith(RESOURCE_PREFIX) for c in containers
-               for part in ("limits", "requests") for name in (c.get("resources") or {}).get(part, {}))
-
-
-def delete_pending_gpu_pods(cluster: E2ECluster) -> list[str]:
-    """Delete every unbound pod that asks for an nvidia.com/ resource, cluster-wide. On the e2e plane
-    tests run one after the other and delete their namespaces without waiting, so such pods are what a
-    finished test left Pending; once GPU nodes exist the scheduler would bind them there and take GPUs
-    the next test counts on. (Unbound pods go at once: no kubelet has to confirm.)"""
-    stray = [p for p in cluster.get_json("pods", "--all-namespaces")["items"]
-             if not p["spec"].get("nodeName") and requests_gpus(p)]
-    for pod in stray:
-        cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
-                        "--ignore-not-found", "--wait=false")
-    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in stray]
-
-
 def delete_pods(cluster: E2ECluster, namespace: str) -> None:
     """Every pod of the namespace, bound ones too: no kubelet confirms a graceful deletion, so --force."""
     cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0", "--wait=true")
 
 
 class Fleet:
-    """Publishes the planned nodes on a cluster and deletes them at the end (a context manager). Pending
-    GPU pods that earlier tests left are deleted first (delete_pending_gpu_pods); pods a test binds to
-    the fleet are the test's to delete (delete_pods) before the fleet goes."""
+    """Publishes the planned nodes on a cluster and deletes them, with every pod bound to them, at the
+    end (a context manager).
+
+    Isolation: e2e tests share one plane and leave Pending pods behind (their namespaces are deleted
+    without waiting; some belong to controllers that recreate them). Each fleet's nodes carry one more
+    taint, FLEET_TAINT_KEY=<fleet id>:NoSchedule, that no agent publishes: only pods given
+    `fleet.toleration` (the test's own) can land there. It is the one fact not mirrored from upstream,
+    and nothing the webhook reads."""
 
     def __init__(self, cluster: E2ECluster, sharing: ChartSharing, specs: Iterable[NodeSpec]) -> None:
         self.cluster = cluster
         self.nodes = [plan(spec, sharing) for spec in specs]  # every FleetError before anything is created
         self.published: list[str] = []
+        self.id = uuid.uuid4().hex[:8]
+        self.taint = {"key": FLEET_TAINT_KEY, "value": self.id, "effect": "NoSchedule"}
+        self.toleration = {"key": FLEET_TAINT_KEY, "operator": "Equal", "value": self.id, "effect": "NoSchedule"}
 
     def __enter__(self) -> Fleet:
-        delete_pending_gpu_pods(self.cluster)
         for node in self.nodes:
             self.publish(node)
         return self
@@ -273,7 +263,9 @@ class Fleet:
 
     def publish(self, node: PublishedNode) -> None:
         kubectl = self.cluster.kubectl
-        kubectl("create", "-f", "-", input=json.dumps(node.manifest()))
+        manifest = node.manifest()
+        manifest["spec"]["taints"] = [*manifest["spec"].get("taints", []), self.taint]
+        kubectl("create", "-f", "-", input=json.dumps(manifest))
         self.published.append(node.name)
         # The kubelet's part: what the device plugin registered, and Ready.
         status = {"capacity": dict(node.resources), "allocatable": dict(node.resources),
@@ -283,15 +275,24 @@ class Fleet:
                 "-p", json.dumps({"status": status}))
         # The node lifecycle controller's part: a Ready node loses the not-ready taint the API server's
         # TaintNodesByCondition admission added at creation.
-        taints = [copy.deepcopy(dict(t)) for t in node.taints]
-        kubectl("patch", "node", node.name, "--type=merge", "-p", json.dumps({"spec": {"taints": taints or None}}))
+        taints = [*(copy.deepcopy(dict(t)) for t in node.taints), self.taint]
+        kubectl("patch", "node", node.name, "--type=merge", "-p", json.dumps({"spec": {"taints": taints}}))
         published = self.cluster.get_json("node", node.name)
-        assert [t["key"] for t in published["spec"].get("taints", [])] == [t["key"] for t in node.taints], published
+        assert [t["key"] for t in published["spec"]["taints"]] == [t["key"] for t in taints], published
 
     def delete(self) -> None:
         for name in self.published:
-            self.cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+            delete_node(self.cluster, name)
         self.published.clear()
+
+
+def delete_node(cluster: E2ECluster, name: str) -> None:
+    """The node and every pod bound to it, whichever test made them: with no kubelet, bound pods never
+    finish a graceful deletion, and pods left on a deleted node would count as bound (e.g. for
+    `kubectl gpu-stack inspect`) until the pod garbage collector's orphan sweep."""
+    cluster.kubectl("delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={name}", "--force",
+                    "--grace-period=0", "--wait=true", check=False)
+    cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def wait_scheduled(cluster: E2ECluster, namespace: str, pod: str, want: str = "True",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from .e2elib import E2ECluster, unique
-from .fleet import AGENT_LABELS, FULL_GPU, MPS_TAINT, ChartSharing, Fleet, FleetError, NodeSpec, plan
+from .fleet import AGENT_LABELS, FLEET_TAINT_KEY, FULL_GPU, MPS_TAINT, ChartSharing, Fleet, FleetError, NodeSpec, plan
 
 
 def test_published_nodes_are_what_the_agents_leave(cluster: E2ECluster) -> None:
@@ -20,8 +20,8 @@ def test_published_nodes_are_what_the_agents_leave(cluster: E2ECluster) -> None:
     gpus = {name: {k: v for k, v in n["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
             for name, n in published.items()}
     assert gpus == {t4: {FULL_GPU: "8"}, mps: {FULL_GPU: "10"}, cpu: {}}
-    assert {name: n["spec"].get("taints", []) for name, n in published.items()} == {
-        t4: [], mps: [MPS_TAINT], cpu: []}
+    assert {name: [t for t in n["spec"]["taints"] if t["key"] != FLEET_TAINT_KEY]
+            for name, n in published.items()} == {t4: [], mps: [MPS_TAINT], cpu: []}
     assert all(n["status"]["capacity"] == n["status"]["allocatable"] for n in published.values())
     assert all({"type": "Ready", "status": "True"}.items() <= c.items()
                for n in published.values() for c in n["status"]["conditions"] if c["type"] == "Ready")

@@ -4,9 +4,9 @@ a test publishes, the live webhook is called."""
 from __future__ import annotations
 
 import json
-import time
 
 from .e2elib import E2ECluster, Releases, unique
+from .fleet import delete_node, wait_scheduled
 
 
 def test_api_server_and_controllers(cluster: E2ECluster) -> None:
@@ -41,32 +41,22 @@ def test_the_scheduler_binds_to_a_published_node(cluster: E2ECluster) -> None:
                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
         cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
                         "-p", json.dumps({"status": status}))
-        cluster.kubectl("patch", "node", name, "--type=json", "-p", '[{"op": "remove", "path": "/spec/taints"}]')
+        # The not-ready taint replaced by one only this test's pods tolerate (other tests' Pending pods stay off).
+        isolate = {"key": "e2e.gpu-stack.io/harness", "value": name, "effect": "NoSchedule"}
+        cluster.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": [isolate]}}))
         namespace = cluster.create_namespace()
         for pod, cpu in (("fits", "1"), ("too-big", "5")):
             container = {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
             cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(
                 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},  # only this node (existing clusters)
-                 "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "containers": [container]}}))
-        assert wait_scheduled(cluster, namespace, "fits") == ("True", "")
-        reason, message = wait_scheduled(cluster, namespace, "too-big")
-        assert reason == "False" and "Insufficient cpu" in message, message
-        assert cluster.get_json("pod", "fits", "-n", namespace)["spec"]["nodeName"] == name
+                 "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "containers": [container],
+                          "tolerations": [{**isolate, "operator": "Equal"}]}}))
+        assert wait_scheduled(cluster, namespace, "fits") == ("True", "", name)
+        status, message, _ = wait_scheduled(cluster, namespace, "too-big", want="False")
+        assert status == "False" and "Insufficient cpu" in message, message
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
     finally:
-        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
-
-
-def wait_scheduled(cluster: E2ECluster, namespace: str, pod: str, timeout: float = 60) -> tuple[str, str]:
-    """(status, message) of the pod's PodScheduled condition once the scheduler has set it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        conditions = cluster.get_json("pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
-        for condition in conditions:
-            if condition["type"] == "PodScheduled":
-                return condition["status"], condition.get("message", "")
-        assert time.monotonic() < deadline, f"pod {namespace}/{pod} has no PodScheduled condition after {timeout}s"
-        time.sleep(0.5)
+        delete_node(cluster, name)
 
 
 def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Releases, live_webhook) -> None:
