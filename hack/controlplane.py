@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A throwaway Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager) on loopback.
+"""A throwaway Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager + kube-scheduler)
+on loopback.
 
     python hack/controlplane.py run -- CMD [ARG...]   start a plane, run CMD with KUBECONFIG (and
                                                       GPU_STACK_E2E_CLUSTER=existing) set, tear down
@@ -13,15 +14,23 @@ From Python (tests/e2e/conftest.py, hack/demo.py):
 Where the plane comes from (`connect`):
 - `GPU_STACK_E2E_CLUSTER=existing`: the cluster of `KUBECONFIG` (kind, a real GPU cluster); nothing is
   started or stopped.
-- otherwise binaries from `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kube-controller-manager, kubectl,
-  helm), else `.tools/envtest` when complete, else (prepare=True) what `hack/envtest-assets.sh` makes
-  from `../shared/envtest`. Neither: ControlPlaneError saying what to provide.
+- otherwise binaries from `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kube-controller-manager,
+  kube-scheduler, kubectl, helm), else `.tools/envtest` when complete, else (prepare=True) what
+  `hack/envtest-assets.sh` makes from `../shared/envtest`. Neither: ControlPlaneError saying what to provide.
 
 Ports are free ports chosen at start (several planes can run side by side); certificates are made on the
-fly (controlplane_pki.py); everything lives in one temp dir that is removed at the end. Every process is
-started in its own session and stopped by pid: on `stop()`, on leaving the `with`, at interpreter exit
-(atexit), on SIGTERM/SIGHUP, and by the kernel if this process dies (PR_SET_PDEATHSIG); the temp dir
-of a plane whose process was SIGKILLed is removed when the next plane starts.
+fly (controlplane_pki.py): the controller manager and the scheduler each authenticate with their own
+client certificate (CN=system:kube-controller-manager, CN=system:kube-scheduler, which the default RBAC
+binds). The plane counts as up when etcd is healthy, the API server ready, the controller manager's
+controllers run and the scheduler answers /healthz. Everything lives in one temp dir (certificates, one log
+per process) that is removed at the end (kept with --keep; a start that fails shows each log's tail). Every
+process is started in its own session and stopped by pid: on `stop()`, on leaving the `with`, at
+interpreter exit (atexit), on SIGTERM/SIGHUP, and by the kernel if this process dies (PR_SET_PDEATHSIG);
+the temp dir of a plane whose process was SIGKILLed is removed when the next plane starts.
+
+There is no kubelet: Nodes are API objects a test publishes (status subresource for capacity and
+conditions); the scheduler binds pods to them and nothing runs the pods. The controller manager runs
+without its node lifecycle controller, so such Nodes are never tainted unreachable nor their pods evicted.
 """
 
 from __future__ import annotations
@@ -50,7 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from controlplane_pki import Pki, write_kubeconfig, write_pki
 
 ROOT = Path(__file__).resolve().parent.parent
-PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# Stopped one after the other in this order: an API server whose etcd is gone first hangs in its shutdown.
+STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 ASSET_BINARIES = (*PLANE_BINARIES, "kubectl", "helm")
 SERVICE_CIDR = "10.0.0.0/24"
 WORKDIR_PREFIX = "gpu-stack-e2e-"
@@ -242,6 +253,10 @@ class ControlPlane:
                                           user="system:kube-controller-manager")
         self._spawn("kube-controller-manager", [
             f"--kubeconfig={kcm_kubeconfig}", "--secure-port=0", "--use-service-account-credentials",
+            # No kubelet sends heartbeats for the Nodes a test publishes: the node lifecycle controller
+            # would taint them node.kubernetes.io/unreachable after its grace period and evict their
+            # pods. It is off; every other default controller (and the two opt-in token ones) runs.
+            "--controllers=*,bootstrapsigner,tokencleaner,-node-lifecycle-controller",
             f"--root-ca-file={pki.ca_cert}", f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
             "--leader-elect=false", f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=1",
@@ -250,6 +265,21 @@ class ControlPlane:
         # controller manager's serviceaccount controller making it is the sign that controllers run.
         self._wait("the controller manager (ServiceAccount default/default)",
                    lambda: _http_ok(f"{server}/api/v1/namespaces/default/serviceaccounts/default", client),
+                   ("etcd", "kube-apiserver", "kube-controller-manager"))
+
+        scheduler_port = free_port()
+        scheduler_kubeconfig = write_kubeconfig(self.workdir / "scheduler.kubeconfig", server, pki.ca_cert,
+                                                pki.scheduler_cert, pki.scheduler_key, user="system:kube-scheduler")
+        self._spawn("kube-scheduler", [
+            f"--kubeconfig={scheduler_kubeconfig}", f"--authentication-kubeconfig={scheduler_kubeconfig}",
+            f"--authorization-kubeconfig={scheduler_kubeconfig}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={scheduler_port}",
+            f"--cert-dir={self.workdir / 'scheduler'}", "--v=1",
+        ])
+        # /healthz is open to anonymous callers (--authorization-always-allow-paths' default); its serving
+        # certificate is self-signed in --cert-dir, on loopback: not verified.
+        self._wait("kube-scheduler /healthz",
+                   lambda: _http_ok(f"https://127.0.0.1:{scheduler_port}/healthz", _unverified_context()),
                    PLANE_BINARIES)
         kubectl = self.assets / "kubectl"
         helm = self.assets / "helm"
@@ -259,8 +289,7 @@ class ControlPlane:
                        helm=str(helm) if helm.exists() else None)
 
     def _stop_processes(self) -> None:
-        # One after the other: an API server whose etcd is gone first hangs in its shutdown.
-        procs = [self.procs.pop(n) for n in ("kube-controller-manager", "kube-apiserver", "etcd") if n in self.procs]
+        procs = [self.procs.pop(n) for n in STOP_ORDER if n in self.procs]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -274,6 +303,13 @@ class ControlPlane:
 def _client_context(pki: Pki) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(pki.ca_cert))
     context.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+    return context
+
+
+def _unverified_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
     return context
 
 
@@ -304,7 +340,7 @@ def connect(prepare: bool = False, keep: bool = False) -> Iterator[Cluster]:
     if assets is None:
         raise ControlPlaneError(
             "no control plane: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, "
-            "kube-controller-manager, kubectl and helm (hack/envtest-assets.sh makes one from "
+            "kube-controller-manager, kube-scheduler, kubectl and helm (hack/envtest-assets.sh makes one from "
             "../shared/envtest), or GPU_STACK_E2E_CLUSTER=existing with KUBECONFIG for a running cluster")
     with ControlPlane(assets, keep=keep) as cluster:
         yield cluster

@@ -1,7 +1,7 @@
 """Certificates and kubeconfigs for the throwaway control plane of hack/controlplane.py.
 
 One CA (ECDSA P-256) signs the API server's serving certificate and the client certificates of the
-admin (system:masters) and the controller manager; the controller manager also signs CSRs with it.
+admin (system:masters), the controller manager and the scheduler; the controller manager also signs CSRs with it.
 The service-account token key is separate (RSA, as kube-apiserver's issuer defaults expect).
 """
 
@@ -33,6 +33,8 @@ class Pki:
     admin_key: Path
     controller_manager_cert: Path
     controller_manager_key: Path
+    scheduler_cert: Path
+    scheduler_key: Path
     sa_key: Path
     sa_pub: Path
 
@@ -90,6 +92,8 @@ def write_pki(directory: Path, loopback: str = "127.0.0.1", service_ip: str = "1
                     x509.IPAddress(ipaddress.ip_address(loopback)), x509.IPAddress(ipaddress.ip_address(service_ip))])
     admin = leaf(_name("gpu-stack-e2e-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH)
     kcm = leaf(_name("system:kube-controller-manager"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    # The user the default RBAC binds to system:kube-scheduler (and system:volume-scheduler).
+    scheduler = leaf(_name("system:kube-scheduler"), ExtendedKeyUsageOID.CLIENT_AUTH)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     d = directory
     return Pki(
@@ -101,6 +105,8 @@ def write_pki(directory: Path, loopback: str = "127.0.0.1", service_ip: str = "1
         admin_key=_write(d / "admin.key", admin[1], 0o600),
         controller_manager_cert=_write(d / "kcm.crt", kcm[0]),
         controller_manager_key=_write(d / "kcm.key", kcm[1], 0o600),
+        scheduler_cert=_write(d / "scheduler.crt", scheduler[0]),
+        scheduler_key=_write(d / "scheduler.key", scheduler[1], 0o600),
         sa_key=_write(d / "sa.key", _pem_key(sa_key), 0o600),
         sa_pub=_write(d / "sa.pub", sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)),

@@ -47,7 +47,8 @@ READ_BACK = (
 def describe(cluster: controlplane.Cluster) -> str:
     if cluster.kind == "existing":
         return f"the existing cluster of KUBECONFIG={cluster.kubeconfig} (GPU_STACK_E2E_CLUSTER=existing)"
-    return f"a throwaway control plane (etcd, kube-apiserver, kube-controller-manager) on {cluster.server}"
+    return ("a throwaway control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) "
+            f"on {cluster.server}")
 
 
 def heading(text: str) -> None:

@@ -2,10 +2,11 @@
 
 Run with `make e2e` (every test here is marked `e2e`; `make test` does not collect tests/e2e). The
 cluster is a throwaway control plane from hack/controlplane.py (etcd + kube-apiserver +
-kube-controller-manager v1.36 from `KUBEBUILDER_ASSETS`, see hack/envtest-assets.sh), or, with
-`GPU_STACK_E2E_CLUSTER=existing`, the cluster of `KUBECONFIG` (kind, a real GPU cluster). Without
-either the session errors with a message saying what to provide. There are no nodes on the throwaway
-plane: pods stay Pending, everything up to the scheduler (admission, controllers, GC) is real.
+kube-controller-manager + kube-scheduler v1.36 from `KUBEBUILDER_ASSETS`, see hack/envtest-assets.sh), or,
+with `GPU_STACK_E2E_CLUSTER=existing`, the cluster of `KUBECONFIG` (kind, a real GPU cluster). Without
+either the session errors with a message saying what to provide. The throwaway plane has no kubelet and
+no Nodes until a test publishes them (tests/e2e/fleet.py): the scheduler binds pods to those Nodes, nothing
+runs them; without Nodes pods stay Pending. Admission, controllers, GC and scheduling are real.
 
 Fixtures:
 

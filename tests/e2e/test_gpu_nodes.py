@@ -22,8 +22,8 @@ from .e2elib import E2ECluster, Releases, unique
 PAUSED = "paused-for-mig-change"
 DEPLOY_LABELS = [f"nvidia.com/gpu.deploy.{c}" for c in
                  ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")]
-# No kubelet: the node controller taints the node unreachable; tolerate everything so the
-# DaemonSet controller keeps placing pods there.
+# No kubelet: the node keeps the node.kubernetes.io/not-ready taint the API server adds at creation;
+# tolerate everything so the DaemonSet controller keeps placing pods there.
 TOLERATE_ALL = {"gpuNodes.tolerations": [{"operator": "Exists"}]}
 
 

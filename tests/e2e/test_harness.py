@@ -1,10 +1,12 @@
-"""The harness itself: a real API server answers, its controllers run, the live webhook is called."""
+"""The harness itself: a real API server answers, its controllers run, the scheduler binds pods to the Nodes
+a test publishes, the live webhook is called."""
 
 from __future__ import annotations
 
 import json
 
-from .e2elib import E2ECluster, Releases
+from .e2elib import E2ECluster, Releases, unique
+from .fleet import delete_node, wait_scheduled
 
 
 def test_api_server_and_controllers(cluster: E2ECluster) -> None:
@@ -22,6 +24,39 @@ def test_api_server_and_controllers(cluster: E2ECluster) -> None:
     assert cluster.helm("version", "--template", "{{ .Version }}").stdout.startswith("v4.")
     assert cluster.helm3("version", "--template", "{{ .Version }}").stdout.startswith("v3.")
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_the_scheduler_binds_to_a_published_node(cluster: E2ECluster) -> None:
+    """A Node as a test publishes it (no kubelet): created, then capacity and Ready through the status
+    subresource, and the not-ready taint the API server adds at creation removed. The scheduler binds a
+    pod to it; an unsatisfiable request is reported in the pod's PodScheduled condition."""
+    name = unique("harness-node")
+    cluster.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}))
+    try:
+        assert [t["key"] for t in cluster.get_json("node", name)["spec"].get("taints", [])] == [
+            "node.kubernetes.io/not-ready"]
+        status = {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                  "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+                        "-p", json.dumps({"status": status}))
+        # The not-ready taint replaced by one only this test's pods tolerate (other tests' Pending pods stay off).
+        isolate = {"key": "e2e.gpu-stack.io/harness", "value": name, "effect": "NoSchedule"}
+        cluster.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": [isolate]}}))
+        namespace = cluster.create_namespace()
+        for pod, cpu in (("fits", "1"), ("too-big", "5")):
+            container = {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+            cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(
+                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},  # only this node (existing clusters)
+                 "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "containers": [container],
+                          "tolerations": [{**isolate, "operator": "Equal"}]}}))
+        assert wait_scheduled(cluster, namespace, "fits") == ("True", "", name)
+        status, message, _ = wait_scheduled(cluster, namespace, "too-big", want="False")
+        assert status == "False" and "Insufficient cpu" in message, message
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    finally:
+        delete_node(cluster, name)
 
 
 def test_live_webhook_denies_through_kubectl(cluster: E2ECluster, releases: Releases, live_webhook) -> None:
