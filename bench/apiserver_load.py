@@ -196,8 +196,9 @@ def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2el
     ours denies ("denied"), the answering allow-all admits with its warning ("warned"), the bare
     allow-all admits without one ("admitted")."""
     apiload.repoint(cluster, hook, release)
+    # A GPU pod: the webhook configurations' matchConditions send only what a rule can act on.
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-probe"},
-             "spec": {"containers": [{"name": "c", "image": "busybox",
+             "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
                                       "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     deadline = time.monotonic() + 60
     while True:
