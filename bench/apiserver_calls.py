@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from apiserver_rounds import Latencies
+
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"
 CALL_METRIC = "apiserver_admission_webhook_request_total"
@@ -81,7 +83,7 @@ class CallsRun:
 
 
 @dataclass
-class LatencyRun:
+class LatencyRun(Latencies):
     """One batch of creates of pods without GPU with the webhook on or off."""
 
     round: int
@@ -94,16 +96,6 @@ class LatencyRun:
     @property
     def cpu_ms_per_create(self) -> float:
         return 1000 * self.apiserver_cpu_s / len(self.latencies_ms) if self.latencies_ms else 0.0
-
-    @property
-    def avg_ms(self) -> float:
-        return statistics.fmean(self.latencies_ms) if self.latencies_ms else 0.0
-
-    def percentile_ms(self, p: float) -> float:
-        if not self.latencies_ms:
-            return 0.0
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def latency_ratios(runs: Sequence[LatencyRun]) -> list[float]:

@@ -40,8 +40,24 @@ def rotation(targets: Sequence[str], round_index: int) -> list[str]:
     return [*targets[shift:], *targets[:shift]]
 
 
+class Latencies:
+    """Average and percentiles of `latencies_ms` (milliseconds per create), for the batches that hold it."""
+
+    latencies_ms: list[float]
+
+    @property
+    def avg_ms(self) -> float:
+        return statistics.fmean(self.latencies_ms) if self.latencies_ms else 0.0
+
+    def percentile_ms(self, p: float) -> float:
+        if not self.latencies_ms:
+            return 0.0
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
 @dataclass
-class Run:
+class Run(Latencies):
     """One measured batch of creates: one target, one concurrency, one round."""
 
     round: int  # 1-based
@@ -70,16 +86,6 @@ class Run:
     @property
     def rate(self) -> float:
         return self.created / self.seconds if self.seconds else 0.0
-
-    @property
-    def avg_ms(self) -> float:
-        return statistics.fmean(self.latencies_ms) if self.latencies_ms else 0.0
-
-    def percentile_ms(self, p: float) -> float:
-        if not self.latencies_ms:
-            return 0.0
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
     @property
     def max_ms(self) -> float:
