@@ -287,17 +287,31 @@ def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered
 
 
 def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list[dict[str, Any]], namespace: str,
-                on: bool) -> None:
-    """No webhook configurations at all (off), or the saved ones created again (on); then wait until the
-    API server acts on it: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied only when on."""
+                state: str) -> None:
+    """No webhook configurations at all (OFF); the saved ones as the chart rendered them (ON, created again
+    when deleted); or those with every matchCondition the constant `false` (FLOOR). Then wait until the API
+    server acts on it: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied only when ON."""
+    if state == calls_.FLOOR:
+        # From ON (the API server has seen the configurations), so that an admitted probe below means the
+        # `false` conditions are in effect rather than configurations not seen yet.
+        set_webhook(cluster, release, saved, namespace, calls_.ON)
     current = webhook_configurations(cluster, release)
-    if not on:
+    if state == calls_.OFF:
         for obj in current:
             cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"])
     elif not current:
         keep = ("name", "labels", "annotations")
         fresh = [{**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k in keep}} for obj in saved]
         cluster.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": fresh}))
+        current = webhook_configurations(cluster, release)
+    if state != calls_.OFF:
+        by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in saved}
+        for obj in current:
+            patch = (calls_.floor_conditions(obj) if state == calls_.FLOOR
+                     else calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]))
+            if patch:
+                cluster.kubectl("patch", obj["kind"].lower(), obj["metadata"]["name"], "--type=json",
+                                "-p", json.dumps(patch))
     probe = apiload.pod_body()
     probe["metadata"] = {"name": "bench-switch-probe"}
     probe["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
@@ -305,10 +319,12 @@ def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list
     while True:
         proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe),
                                check=False)
-        if ("denied the request" in proc.stderr) if on else proc.returncode == 0:
+        if ("denied the request" in proc.stderr) if state == calls_.ON else proc.returncode == 0:
+            if state == calls_.FLOOR:
+                time.sleep(CONFIG_SETTLE)  # admitted from the first patched configuration: wait for the second
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the API server did not switch the webhook {'on' if on else 'off'}: {proc.stderr}")
+            raise RuntimeError(f"the API server did not switch the webhook to {state}: {proc.stderr}")
         time.sleep(0.3)
 
 
@@ -359,12 +375,14 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
             print(f"  calls round {i} {config:34} {result.created}/{creates} created; per 1,000 creates: "
                   + ", ".join(f"{name} {kind} {run.per_1000((name, kind)):.0f}" for name, kind in counted), flush=True)
         set_conditions(bench.cluster, release, rendered, keep=True)
-        # Each state's creates as two batches in mirrored order (off, on, on, off; reversed next round):
-        # the machine's speed drifts between batches by more than 5%, and a linear drift then falls on both.
-        order = (calls_.OFF, calls_.ON) if i % 2 else (calls_.ON, calls_.OFF)
+        # Each state's creates as two batches in mirrored order (off, on, floor, floor, on, off; reversed
+        # next round): the machine's speed drifts between batches by more than 5%, and a linear drift then
+        # falls on every state alike.
+        order = (calls_.OFF, calls_.ON, calls_.FLOOR)
+        order = order if i % 2 else order[::-1]
         parts: dict[str, calls_.LatencyRun] = {state: calls_.LatencyRun(round=i, state=state) for state in order}
         for state in (*order, *reversed(order)):
-            set_webhook(bench.cluster, release, rendered, namespace, on=state == calls_.ON)
+            set_webhook(bench.cluster, release, rendered, namespace, state)
             half = latency_creates // 2
             result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
             part = parts[state]
@@ -373,10 +391,10 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
             part.total += half
             for what, n in result.failures.items():
                 part.failures[what] = part.failures.get(what, 0) + n
-            print(f"  latency round {i} {state:34} {result.created}/{half} created, "
+            print(f"  latency round {i} {state:38} {result.created}/{half} created, "
                   f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
         latency += parts.values()
-        set_webhook(bench.cluster, release, rendered, namespace, on=True)
+        set_webhook(bench.cluster, release, rendered, namespace, calls_.ON)
     return calls, latency, calls_.conditions_of(rendered)
 
 
@@ -464,9 +482,10 @@ def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
     return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
             "in mirrored order (off, on, on, off; reversed the next round) so that a drift of the machine's speed "
             "falls on both states alike, each batch after a warm-up; the ratio of the average latencies of the "
-            "same round. Configurations switched by deleting them (off) "
-            "and creating them again as the chart rendered them (on), each time waiting until a dry-run GPU pod "
-            "setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off).",
+            "same round. Configurations switched by deleting them (off), "
+            "creating them again as the chart rendered them (on), or patching every webhook's matchConditions to "
+            "the constant `false` (floor), each time waiting until a dry-run GPU pod "
+            f"setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off; floor, then {CONFIG_SETTLE:g} s more).",
             f"Between `before` and `after` the matchConditions are patched out or back in, then the bench waits "
             f"{CONFIG_SETTLE:g} s (the API server's informer applies a configuration change within milliseconds on "
             "loopback) and sends a warm-up batch before counting.",

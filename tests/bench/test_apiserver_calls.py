@@ -97,3 +97,25 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
     assert "| 1 | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
     assert "(median over the rounds of avg(on) / avg(off): 1.03x): **met**." in text
+
+
+def test_the_floor_is_shown_beside_on_and_off_and_does_not_change_the_verdict() -> None:
+    latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 120), _latency(1, ac.FLOOR, 115),
+               _latency(2, ac.FLOOR, 110), _latency(2, ac.ON, 112), _latency(2, ac.OFF, 100)]
+    for run, cpu in zip(latency, (0.03, 0.05, 0.045, 0.044, 0.05, 0.03), strict=True):
+        run.apiserver_cpu_s = cpu
+    assert ac.latency_ratios(latency, ac.FLOOR) == pytest.approx([1.15, 1.1])
+    assert ac.latency_verdict(latency) == (False, "median 1.16x > 1.05x")
+    text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
+    assert ("| round | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | floor: avg / p50 / p99 ms | on / off (avg) "
+            "| floor / off (avg) | API server CPU ms per create, off / on / floor | creates failed |") in text
+    assert ("| 1 | 100.0 / 100.0 / 100.0 | 120.0 / 120.0 / 120.0 | 115.0 / 115.0 / 115.0 | 1.20 | 1.15 "
+            "| 3.00 / 5.00 / 4.50 | 0 |") in text
+    assert "With every matchCondition the constant `false`: 1.12x (median)" in text
+
+
+def test_the_floor_patch_gives_every_webhook_one_false_condition() -> None:
+    obj = {"webhooks": [{"name": "a", "matchConditions": [{"name": "x", "expression": "true"}]}, {"name": "b"}]}
+    assert ac.floor_conditions(obj) == [
+        {"op": "add", "path": f"/webhooks/{i}/matchConditions",
+         "value": [{"name": "bench-floor", "expression": "false"}]} for i in (0, 1)]
