@@ -100,13 +100,16 @@ demo: $(STAMP) helm
 # graphs into bench/flamegraphs/), then many keep-alive clients (bench/many_clients.py) and pod creates
 # through the make-e2e API server (bench/apiserver_load.py: issue 18's comparison, 3 rounds, --rounds 5
 # for a sign-off run; then issue 25's webhook calls per 1,000 mixed creates without / with the chart's
-# matchConditions and non-GPU create latency with the webhook on / off). Writes BENCHMARKS.md, every part
-# stamped with its run (date, commit, command).
+# matchConditions and non-GPU create latency with the webhook on / off / conditions all `false`), then
+# placement at scale (bench/scheduler_scale.py: 500 GPU nodes, 5,000 GPU pods, time until kube-scheduler
+# has bound or given up on each, webhook on / off; ~5 min). Writes BENCHMARKS.md, every part stamped with
+# its run (date, commit, command).
 bench: $(STAMP) helm
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md
 	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then assets="$$(hack/envtest-assets.sh)" || exit 1; \
-	  export KUBEBUILDER_ASSETS="$$assets"; fi; $(PY) bench/apiserver_load.py --out BENCHMARKS.md
+	  export KUBEBUILDER_ASSETS="$$assets"; fi; $(PY) bench/apiserver_load.py --out BENCHMARKS.md && \
+	  $(PY) bench/scheduler_scale.py --out BENCHMARKS.md
 
 # `kubectl gpu-stack inspect` at scale: 500 GPU nodes and 20,000 pods POSTed to a throwaway API server
 # (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min). Writes bench/inspect-scale.md
