@@ -19,7 +19,7 @@ manager makes of each GPU: the layout is the node's `nvidia.com/mig.config` labe
 as the user sets it, else the value the chart's `<release>-mig-default-config` NodeFeatureRule gives GPUs
 with the PCI device IDs it lists), read from the chart's `<release>-mig-parted-config` ConfigMap, where
 each GPU takes the entry whose device-filter names its PCI device ID (an entry without a filter: every
-GPU; NVIDIA/mig-parted v0.15.0 api/spec/v1 and pkg/mig/config). The device plugin then advertises under
+GPU; NVIDIA/mig-parted v0.15.0 api/spec/v1/helpers.go MatchesDeviceFilter). The device plugin then advertises under
 `single` every MIG device as one nvidia.com/gpu (all of one profile, else it refuses), under `mixed`
 each profile as nvidia.com/mig-<profile>; GFD labels them (k8s-device-plugin v0.20.0
 internal/lm/mig-strategy.go, resource.go). A GPU no layout entry names, or a node without a layout,
@@ -66,8 +66,8 @@ NODE_BASE = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage":
 # k8s-device-plugin v0.20.0 internal/lm/mig-strategy.go newMigStrategyMixedLabeler (and the plugin's
 # resource names under mixed): each MIG profile is its own resource nvidia.com/mig-<profile>.
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-# The MIG manager's label (NVIDIA/mig-parted v0.15.0 deployments/gpu-operator: the layout a node asks
-# for, and the state the manager reports once it has applied it).
+# The MIG manager's labels (NVIDIA/mig-parted v0.15.0 pkg/mig/reconfigure/reconfigure.go: the layout a
+# node asks for, and the state the manager reports, "success" once it has applied it).
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 # A MIG profile as the built-in layouts name it (<slices>g.<memory>gb); suffixed ones (+me, +gfx, -me) are
