@@ -14,15 +14,30 @@ container); `plan(spec, sharing)` (pure) turns one NodeSpec into labels, taints 
 cites the upstream source it mirrors: NVIDIA/k8s-device-plugin v0.20.0 (device plugin and GFD, the
 versions the chart pins, tests/chart/test_upstream_versions.py).
 
-Not modelled yet (FleetError when asked for): MIG (single/mixed strategies and the MIG manager's
-layouts), per-device `devices` lists in a sharing config. A NodeSpec naming a GPU model, config or label
-that no agent publishes is a FleetError too: the fleet never invents a fact.
+MIG: a node whose device plugin config has migStrategy single or mixed gets the MIG devices the MIG
+manager makes of each GPU: the layout is the node's `nvidia.com/mig.config` label (`NodeSpec.mig_config`,
+as the user sets it, else the value the chart's `<release>-mig-default-config` NodeFeatureRule gives GPUs
+with the PCI device IDs it lists), read from the chart's `<release>-mig-parted-config` ConfigMap, where
+each GPU takes the entry whose device-filter names its PCI device ID (an entry without a filter: every
+GPU; NVIDIA/mig-parted v0.15.0 api/spec/v1/helpers.go MatchesDeviceFilter). The device plugin then advertises under
+`single` every MIG device as one nvidia.com/gpu (all of one profile, else it refuses), under `mixed`
+each profile as nvidia.com/mig-<profile>; GFD labels them (k8s-device-plugin v0.20.0
+internal/lm/mig-strategy.go, resource.go). A GPU no layout entry names, or a node without a layout,
+keeps MIG off (the GPUs' factory state): full GPUs, as under `none`.
+
+Not modelled (FleetError when asked for): per-device `devices` lists in a sharing config, sharing
+sections beside a MIG strategy, MIG profiles with media-extension suffixes (`+me`, `+gfx`), the per-MIG-
+device attribute labels GFD adds (`<resource>.memory`, `.multiprocessors`, `.slices.*`, `.engines.*`:
+NVML facts of each profile; under `single` the full GPU's `nvidia.com/gpu.memory` is left off instead of
+being published wrong). A NodeSpec naming a GPU model, config, MIG layout or label that no agent
+publishes is a FleetError too: the fleet never invents a fact.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -48,18 +63,43 @@ FLEET_TAINT_KEY = "e2e.gpu-stack.io/fleet"  # test isolation only (see Fleet)
 NODE_BASE = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
 
 
+# k8s-device-plugin v0.20.0 internal/lm/mig-strategy.go newMigStrategyMixedLabeler (and the plugin's
+# resource names under mixed): each MIG profile is its own resource nvidia.com/mig-<profile>.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# The MIG manager's labels (NVIDIA/mig-parted v0.15.0 pkg/mig/reconfigure/reconfigure.go: the layout a
+# node asks for, and the state the manager reports, "success" once it has applied it).
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+# A MIG profile as the built-in layouts name it (<slices>g.<memory>gb); suffixed ones (+me, +gfx, -me) are
+# not modelled.
+MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb$")
+
+
 @dataclass(frozen=True)
 class GpuModel:
     product: str  # NVML device name with spaces as dashes (GFD productLabel)
-    memory_mib: int  # NVML total memory (GFD <resource>.memory)
+    # NVML total memory (GFD <resource>.memory); None: no figure we can cite, the label is left off.
+    memory_mib: int | None
     mig_capable: bool
+    # PCI device ID as NFD's pci.device feature reports it (lower-case hex), for the MIG manager's
+    # device-filter and the chart's default-layout NodeFeatureRule. Source: the PCI ID database the device
+    # plugin vendors (k8s-device-plugin v0.20.0 vendor/github.com/NVIDIA/go-nvlib/pkg/pciids/default_pci.ids).
+    pci_device: str | None = None
 
 
 # Only models whose facts are written down here can be published.
 GPU_MODELS = {
     "Tesla-T4": GpuModel("Tesla-T4", 15360, mig_capable=False),
     "NVIDIA-L4": GpuModel("NVIDIA-L4", 23034, mig_capable=False),
-    "NVIDIA-A100-SXM4-40GB": GpuModel("NVIDIA-A100-SXM4-40GB", 40960, mig_capable=True),
+    # default_pci.ids: 20b0 "GA100 [A100 SXM4 40GB]"; GFD docs (docs/gpu-feature-discovery/README.md):
+    # product A100-SXM4-40GB, under single A100-SXM4-40GB-MIG-1g.5gb.
+    "NVIDIA-A100-SXM4-40GB": GpuModel("NVIDIA-A100-SXM4-40GB", 40960, mig_capable=True, pci_device="20b0"),
+    # default_pci.ids: 20b2 "GA100 [A100 SXM4 80GB]"; the NVML name as mig-parted v0.15.0
+    # cmd/nvidia-mig-parted/export/export_test.go writes it (A100-SXM4-80GB).
+    "NVIDIA-A100-SXM4-80GB": GpuModel("NVIDIA-A100-SXM4-80GB", None, mig_capable=True, pci_device="20b2"),
+    # default_pci.ids: 2330 "GH100 [H100 SXM5 80GB]"; its NVML name as mig-parted v0.15.0 CHANGELOG.md
+    # writes it ("H100 80GB HBM3 SKU").
+    "NVIDIA-H100-80GB-HBM3": GpuModel("NVIDIA-H100-80GB-HBM3", None, mig_capable=True, pci_device="2330"),
 }
 
 # Labels an upstream agent publishes on a GPU node and this fleet knows how to derive. A NodeSpec may
@@ -71,7 +111,12 @@ AGENT_LABELS = frozenset({
     "nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy",
     "nvidia.com/gpu.memory", "nvidia.com/mps.capable", "nvidia.com/mig.capable",
     "nvidia.com/cuda.driver-version.full",
+    # GFD under a MIG strategy (internal/lm/mig-strategy.go migStrategyLabeler), the MIG manager's label
+    "nvidia.com/mig.strategy", MIG_CONFIG_LABEL, MIG_STATE_LABEL,
 })
+# GFD under the mixed strategy: nvidia.com/mig-<profile>.{product,count,replicas,sharing-strategy}
+# (resource.go baseLabeler keyed by the MIG resource name).
+MIG_LABEL = re.compile(r"^nvidia\.com/mig-[0-9]+g\.[0-9]+gb\.(product|count|replicas|sharing-strategy)$")
 # Labels the kubelet sets on every node (k8s.io/api/core/v1 well_known_labels.go).
 KUBELET_LABELS = frozenset({"kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch"})
 
@@ -91,15 +136,25 @@ class NodeSpec:
     # README.md: users taint MPS nodes; False publishes an MPS node someone forgot to taint.
     taint_mps: bool = True
     labels: Mapping[str, str] = field(default_factory=dict)  # overrides, from AGENT_LABELS only
+    # The node's nvidia.com/mig.config label as the user sets it; None: the chart's default-layout
+    # NodeFeatureRule sets it on the GPUs it lists (or nothing does, and MIG stays off).
+    mig_config: str | None = None
 
 
 @dataclass(frozen=True)
 class ChartSharing:
-    """The device plugin's inputs from one chart render."""
+    """The device plugin's (and the MIG manager's) inputs from one chart render."""
 
     configs: Mapping[str, Mapping[str, Any]]  # config name -> parsed device plugin config file
     default_config: str
     config_label: str
+    # layout name -> mig-parted config entries (the `<release>-mig-parted-config` ConfigMap; {} without
+    # the MIG manager)
+    mig_layouts: Mapping[str, Any] = field(default_factory=dict)
+    # What the chart's `<release>-mig-default-config` NodeFeatureRule labels nodes with (the layout), and
+    # on which PCI device IDs; None / empty when migManager.defaultConfig is empty.
+    mig_default_layout: str | None = None
+    mig_default_devices: frozenset[str] = frozenset()
 
     @classmethod
     def from_objects(cls, objects: Iterable[Mapping[str, Any]]) -> ChartSharing:
@@ -111,7 +166,19 @@ class ChartSharing:
         manager = next(c for c in plugin["spec"]["template"]["spec"]["containers"] if c["name"] == "config-manager")
         env = {e["name"]: e.get("value") for e in manager["env"]}
         configs = {name: yaml.safe_load(text) for name, text in configmap["data"].items()}
-        return cls(configs=configs, default_config=env["DEFAULT_CONFIG"], config_label=env["NODE_LABEL"])
+        parted = next((o for o in objects if o["kind"] == "ConfigMap"
+                       and o["metadata"]["name"].endswith("-mig-parted-config")), None)
+        layouts = yaml.safe_load(parted["data"]["config.yaml"])["mig-configs"] if parted else {}
+        rule = next((o for o in objects if o["kind"] == "NodeFeatureRule"
+                     and o["metadata"]["name"].endswith("-mig-default-config")), None)
+        default_layout, default_devices = None, frozenset[str]()
+        if rule is not None:
+            (only,) = rule["spec"]["rules"]
+            default_layout = only["labels"][MIG_CONFIG_LABEL]
+            (pci,) = [f for f in only["matchFeatures"] if f["feature"] == "pci.device"]
+            default_devices = frozenset(str(d) for d in pci["matchExpressions"]["device"]["value"])
+        return cls(configs=configs, default_config=env["DEFAULT_CONFIG"], config_label=env["NODE_LABEL"],
+                   mig_layouts=layouts, mig_default_layout=default_layout, mig_default_devices=default_devices)
 
     @classmethod
     def render(cls, helm: Any, overlay: str, set_json: Mapping[str, Any] | None = None,
@@ -145,10 +212,10 @@ class _Sharing:
 
 def _sharing_of(name: str, config: Mapping[str, Any]) -> _Sharing:
     """How k8s-device-plugin v0.20.0 advertises the full GPUs of a node with this config file."""
-    flags = config.get("flags") or {}
-    if (flags.get("migStrategy") or "none") != "none":
-        raise FleetError(f"config {name!r}: migStrategy {flags['migStrategy']!r} is not modelled by the fleet yet")
     sharing = config.get("sharing") or {}
+    if mig_strategy(config) != "none" and any((sharing.get(k) or {}).get("resources") for k in ("mps", "timeSlicing")):
+        raise FleetError(f"config {name!r}: sharing beside migStrategy {mig_strategy(config)!r} is not modelled "
+                         "by the fleet")
     # api/config/v1/sharing.go ReplicatedResources/SharingStrategy: an mps section with resources wins
     # over timeSlicing.
     for key, strategy in (("mps", "mps"), ("timeSlicing", "time-slicing")):
@@ -170,16 +237,54 @@ def _sharing_of(name: str, config: Mapping[str, Any]) -> _Sharing:
     return _Sharing("none", FULL_GPU, 1)
 
 
+def mig_strategy(config: Mapping[str, Any]) -> str:
+    return str((config.get("flags") or {}).get("migStrategy") or "none")
+
+
+def mig_layout(spec: NodeSpec, model: GpuModel, sharing: ChartSharing) -> tuple[str | None, dict[str, int]]:
+    """(the node's nvidia.com/mig.config label, the MIG devices per GPU the MIG manager makes of it: {} for
+    MIG off). mig-parted v0.15.0 applies to each GPU the layout's entries whose device-filter names its
+    PCI ID ("0x<DEVICE><VENDOR>", upper-case; an entry without a filter: every GPU); a GPU no entry names
+    is left as it is (MIG off)."""
+    label = spec.mig_config
+    if label is None and model.pci_device in sharing.mig_default_devices:
+        label = sharing.mig_default_layout  # the chart's NodeFeatureRule (nfd-master applies it)
+    if label is None:
+        return None, {}
+    if label not in sharing.mig_layouts:
+        # The MIG manager cannot apply a layout it does not have: nvidia.com/mig.config.state=failed.
+        raise FleetError(f"node {spec.name}: MIG layout {label!r} is not in the chart's MIG manager config "
+                         f"({', '.join(sorted(sharing.mig_layouts)) or 'no MIG manager'})")
+    pci_id = f"0X{(model.pci_device or '').upper()}10DE"  # compared upper-case
+    entries = []
+    for entry in sharing.mig_layouts[label]:
+        device_filter = entry.get("device-filter")
+        filters = [device_filter] if isinstance(device_filter, str) else list(device_filter or [])
+        if entry.get("devices", "all") != "all":
+            raise FleetError(f"node {spec.name}: layout {label!r} lists devices by index; not modelled by the fleet")
+        if not filters or pci_id in {f.upper() for f in filters}:
+            entries.append(entry)
+    if len(entries) > 1:
+        raise FleetError(f"node {spec.name}: layout {label!r} has {len(entries)} entries for {model.product}")
+    if not entries or not entries[0].get("mig-enabled"):
+        return label, {}
+    devices = {str(k): int(v) for k, v in (entries[0].get("mig-devices") or {}).items()}
+    odd = sorted(p for p in devices if not MIG_PROFILE.match(p))
+    if odd:
+        raise FleetError(f"node {spec.name}: MIG profile(s) {', '.join(odd)} of layout {label!r} are not modelled")
+    return label, devices
+
+
 def plan(spec: NodeSpec, sharing: ChartSharing) -> PublishedNode:
     """What the agents of a release with these device plugin configs publish for one node (pure)."""
-    unknown = sorted(set(spec.labels) - AGENT_LABELS)
+    unknown = sorted(k for k in spec.labels if k not in AGENT_LABELS and not MIG_LABEL.match(k))
     if unknown:
         raise FleetError(f"node {spec.name}: no upstream agent publishes the label(s) {', '.join(unknown)}")
     labels = {"kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     resources = dict(NODE_BASE)
     taints: list[Mapping[str, str]] = []
     if spec.gpus == 0:
-        if spec.config is not None or spec.labels:
+        if spec.config is not None or spec.labels or spec.mig_config is not None:
             raise FleetError(f"node {spec.name}: a node without GPUs gets no device plugin config or GPU labels")
         return PublishedNode(spec.name, labels, (), resources)
     if spec.gpus < 0:
@@ -194,7 +299,17 @@ def plan(spec: NodeSpec, sharing: ChartSharing) -> PublishedNode:
         # config-manager fail, the plugin never starts and advertises nothing.
         raise FleetError(f"node {spec.name}: device plugin config {config_name!r} is not in the chart's "
                          f"configs ({', '.join(sorted(sharing.configs))})")
-    shared = _sharing_of(config_name, sharing.configs[config_name])
+    config = sharing.configs[config_name]
+    shared = _sharing_of(config_name, config)
+    strategy = mig_strategy(config)
+    mig_label, per_gpu = mig_layout(spec, model, sharing) if model.mig_capable else (spec.mig_config, {})
+    if spec.mig_config is not None and not model.mig_capable:
+        raise FleetError(f"node {spec.name}: {model.product} has no MIG; the MIG manager cannot apply "
+                         f"{spec.mig_config!r}")
+    if per_gpu and strategy == "none":
+        raise FleetError(f"node {spec.name}: MIG devices under migStrategy none are not modelled by the fleet")
+    if per_gpu:
+        return _plan_mig(spec, sharing, model, strategy, mig_label, per_gpu, labels, resources)
     # Device plugin: internal/rm/device_map.go updateDeviceMapWithReplicas makes `replicas` annotated
     # devices of every GPU, so the kubelet advertises gpus x replicas of the (possibly renamed) resource;
     # a renamed resource replaces nvidia.com/gpu (no device is left under the plain name).
@@ -213,7 +328,6 @@ def plan(spec: NodeSpec, sharing: ChartSharing) -> PublishedNode:
         "nvidia.com/gpu.count": str(spec.gpus),
         "nvidia.com/gpu.replicas": str(shared.replicas),
         "nvidia.com/gpu.sharing-strategy": shared.strategy,
-        "nvidia.com/gpu.memory": str(model.memory_mib),
         # internal/lm/nvml.go newSharingLabeler: "true" only for an MPS config on non-MIG GPUs
         "nvidia.com/mps.capable": str(shared.strategy == "mps").lower(),
         # internal/lm/nvml.go newMigCapabilityLabeler
@@ -221,10 +335,69 @@ def plan(spec: NodeSpec, sharing: ChartSharing) -> PublishedNode:
         # internal/lm/nvml.go newVersionLabeler
         "nvidia.com/cuda.driver-version.full": "580.95.05",
     }
-    labels |= dict(spec.labels)
+    if model.memory_mib is not None:
+        labels["nvidia.com/gpu.memory"] = str(model.memory_mib)
+    if strategy != "none":
+        labels["nvidia.com/mig.strategy"] = strategy  # mig-strategy.go migStrategyLabeler
+    if mig_label is not None:
+        labels |= {MIG_CONFIG_LABEL: mig_label, MIG_STATE_LABEL: "success"}
+    _override(spec, labels)
     if shared.strategy == "mps" and spec.taint_mps:
         taints.append(MPS_TAINT)
     return PublishedNode(spec.name, labels, tuple(taints), resources)
+
+
+def _plan_mig(spec: NodeSpec, sharing: ChartSharing, model: GpuModel, strategy: str, mig_label: str | None,
+              per_gpu: Mapping[str, int], labels: dict[str, str], resources: dict[str, str]) -> PublishedNode:
+    """A node whose GPUs (all of one model) the MIG manager split into `per_gpu` MIG devices each."""
+    if strategy == "single" and len(per_gpu) != 1:
+        # mig-strategy.go newMigStrategySingleLabeler: "more than one MIG device type present on node"
+        # (GFD labels the product MIG-INVALID; the plugin refuses to start).
+        raise FleetError(f"node {spec.name}: migStrategy single with several MIG profiles "
+                         f"({', '.join(sorted(per_gpu))}) is invalid upstream; not modelled")
+    if spec.config is not None:
+        labels[sharing.config_label] = spec.config
+    labels |= {
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+        "nvidia.com/gpu.present": "true",
+        # mig-strategy.go newGPULabelers: MIG-enabled GPUs keep nvidia.com/gpu.* labels without sharing
+        # (NewGPUResourceLabelerWithoutSharing: replicas 0, strategy none), product without a suffix.
+        "nvidia.com/gpu.product": model.product,
+        "nvidia.com/gpu.count": str(spec.gpus),
+        "nvidia.com/gpu.replicas": "0",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/mps.capable": "false",  # nvml.go newSharingLabeler: not an MPS config
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/cuda.driver-version.full": "580.95.05",
+        "nvidia.com/mig.strategy": strategy,
+        MIG_CONFIG_LABEL: str(mig_label),
+        MIG_STATE_LABEL: "success",  # the MIG manager, once the layout is applied
+    }
+    if model.memory_mib is not None and strategy == "mixed":
+        labels["nvidia.com/gpu.memory"] = str(model.memory_mib)
+    for profile, count in sorted(per_gpu.items()):
+        # Device plugin: one device per MIG device; mig-strategy.go names the resource nvidia.com/gpu
+        # under single, nvidia.com/mig-<profile> under mixed. MIG devices are not shared (replicas 1).
+        resource = FULL_GPU if strategy == "single" else MIG_RESOURCE_PREFIX + profile
+        resources[resource] = str(spec.gpus * count)
+        # resource.go NewMIGResourceLabeler: baseLabeler(count, model, "MIG", profile) for the resource.
+        labels |= {
+            f"{resource}.product": f"{model.product}-MIG-{profile}",
+            f"{resource}.count": str(spec.gpus * count),
+            f"{resource}.replicas": "1",
+            f"{resource}.sharing-strategy": "none",
+        }
+    _override(spec, labels)
+    return PublishedNode(spec.name, labels, (), resources)
+
+
+def _override(spec: NodeSpec, labels: dict[str, str]) -> None:
+    """The NodeSpec's label overrides: a MIG resource label only for a resource the node has."""
+    absent = sorted(k for k in spec.labels if MIG_LABEL.match(k) and k not in labels)
+    if absent:
+        raise FleetError(f"node {spec.name}: no upstream agent publishes the label(s) {', '.join(absent)} "
+                         "on this node (no such MIG resource here)")
+    labels |= dict(spec.labels)
 
 
 def delete_pods(cluster: E2ECluster, namespace: str) -> None:

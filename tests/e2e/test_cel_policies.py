@@ -148,7 +148,9 @@ def test_cel_mode_mismatch_is_refused_before_the_policies(cluster: E2ECluster, r
 
 
 def test_cel_mutations_fill_the_limit_and_inject_mps(cluster: E2ECluster, releases: Releases) -> None:
-    namespace = _install_cel(cluster, releases, "mps-x10.yaml")
+    # per-node-configs: MPS beside exclusive configs (on mps-x10 every config is MPS, so every GPU pod is an
+    # MPS pod, tests/e2e/test_placement.py)
+    namespace = _install_cel(cluster, releases, "per-node-configs.yaml")
     request_only = yaml.safe_load((DEMO / "13-gpu-request-only.yaml").read_text())
     _apply(cluster, namespace, request_only).check_returncode()
     stored = cluster.get_json("pod", request_only["metadata"]["name"], "-n", namespace)
