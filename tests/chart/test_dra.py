@@ -161,6 +161,15 @@ def test_feature_gates_schema_lists_the_gpu_plugins_gates() -> None:
         assert render(3, set_json={**DRA, "dra.featureGates": {gate: True}}).ok, gate
 
 
+def test_no_controller_for_the_gpu_plugin() -> None:
+    # GPU-OP: the controller Deployment (manifests/state-dra-driver/0600_controller-deployment.yaml) serves
+    # ComputeDomains only; the gpus-only golden render has none. Neither has this chart.
+    objs = objects(overlay="dra-mps-memory-slices.yaml")
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment" and "dra" in o["metadata"]["name"]] == []
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet" and "dra" in o["metadata"]["name"]] == [
+        PLUGIN]
+
+
 def rules(obj: dict[str, Any]) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
     return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in obj["rules"]]
 

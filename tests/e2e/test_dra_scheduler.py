@@ -32,25 +32,32 @@ def chart_objects(cluster: E2ECluster, namespace: str, *templates: str) -> list[
 
 
 @pytest.fixture(scope="module")
-def dra(cluster: E2ECluster) -> Iterator[tuple[str, DraFleet]]:
-    """The chart's DeviceClasses (created here unless already there), the DRA fleet, a namespace for pods."""
+def fleet(cluster: E2ECluster) -> Iterator[DraFleet]:
+    """The chart's DeviceClasses (created here unless already there) and the DRA fleet, for the module."""
     created = []
     for obj in chart_objects(cluster, "gpu-stack", "deviceclass.yaml"):
         name = obj["metadata"]["name"]
         if not cluster.kubectl("get", "deviceclass", name, "--ignore-not-found", "-o", "name").stdout.strip():
             cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
             created.append(name)
-    namespace = cluster.create_namespace()
     try:
-        with DraFleet(cluster, SPECS) as fleet:
-            try:
-                yield namespace, fleet
-            finally:  # before the nodes go
-                delete_pods(cluster, namespace)
+        with DraFleet(cluster, SPECS) as published:
+            yield published
     finally:
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
         if created:
             cluster.kubectl("delete", "deviceclass", *created, "--ignore-not-found")
+
+
+@pytest.fixture
+def dra(cluster: E2ECluster, fleet: DraFleet) -> Iterator[tuple[str, DraFleet]]:
+    """A namespace of one test's pods on the fleet; the pods go at the end (their claims, owned by them, with
+    them), so each test finds every device free."""
+    namespace = cluster.create_namespace()
+    try:
+        yield namespace, fleet
+    finally:
+        delete_pods(cluster, namespace)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def claim_pod(fleet: DraFleet, name: str, template: str) -> dict[str, Any]:
@@ -196,3 +203,25 @@ def test_admin_access_claims_are_served(cluster: E2ECluster, dra: tuple[str, Dra
                                         input=json.dumps(claim)).stdout)
     assert stored["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] is True
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_a_pod_bound_token_carries_its_node_as_the_resourceslice_policy_expects(
+        cluster: E2ECluster, dra: tuple[str, DraFleet]) -> None:
+    """The policy reads the node from the token's extra authentication.kubernetes.io/node-name
+    (ServiceAccountTokenPodNodeInfo, on by default: hack/controlplane.py sets no gate): a token bound to a pod
+    the scheduler placed on a DRA node says that node (TokenReview)."""
+    namespace, fleet = dra
+    pod = unique("token")
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+        "spec": {"tolerations": [fleet.toleration], "nodeSelector": {"kubernetes.io/hostname": WHOLE},
+                 "containers": [{"name": "main", "image": CUDA_IMAGE}]}}))
+    status, message, node = wait_scheduled(cluster, namespace, pod)
+    assert (status, node) == ("True", WHOLE), message
+    uid = cluster.get_json("pod", pod, "-n", namespace)["metadata"]["uid"]
+    token = cluster.kubectl("create", "token", "default", "-n", namespace, "--bound-object-kind=Pod",
+                            f"--bound-object-name={pod}", f"--bound-object-uid={uid}").stdout.strip()
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+    status_ = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)["status"]
+    assert status_["authenticated"] is True
+    assert status_["user"]["extra"]["authentication.kubernetes.io/node-name"] == [WHOLE]
