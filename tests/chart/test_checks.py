@@ -53,6 +53,11 @@ FAIL_CASES: list[Any] = [
     pytest.param({"devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains envvar, but the toolkit ignores "
                  "NVIDIA_VISIBLE_DEVICES from unprivileged containers", id="envvar-unprivileged"),
+    # ---- DRA: the provider term of the GPU node affinity (templates/dra/_dra.tpl) must not be replaced ----
+    pytest.param({"dra.enabled": True, "devicePlugin.affinity": {"nodeAffinity": {}}}, "gpu-stack",
+                 "gpu-stack: devicePlugin.affinity is set while dra.enabled=true: it replaces the GPU node affinity, "
+                 "which keeps the devicePlugin off nodes labelled gpu-stack.io/gpu-provider=dra",
+                 id="dra-device-plugin-affinity"),
     # ---- runtime layout and sharing configs as the pinned device plugin v0.20 reads them (issue 12) ----
     pytest.param({"toolkit.enabled": False, "devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains envvar with a preinstalled toolkit "

@@ -41,6 +41,12 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
         "host namespaces": "hostIPC/hostPID: MPS clients in other pods talk to the daemon over host IPC",
         "hostPath volumes": "the MPS pipe and shm directories shared with client pods (mpsRoot)",
     },
+    "DaemonSet/dra-kubelet-plugin": {
+        "privileged": "enumerates the GPUs through NVML, creates device nodes and prepares claimed devices "
+                      "(dra-driver-nvidia-gpu chart and GPU Operator v26.7.0 run it privileged)",
+        "hostPath volumes": "the kubelet plugin and registration dirs, /var/run/cdi for the claims' CDI specs, "
+                            "driver root",
+    },
     "DaemonSet/nfd-worker": {
         "hostPath volumes": "reads host /proc, /sys, /etc/os-release, /usr/lib for node features",
     },

@@ -50,6 +50,7 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "gpuNodes.priorityQuota.pods": {"gpuNodes": {"priorityQuota": {"create": True}}},
     "gpuNodes.runtimeClassExists": {"toolkit": {"enabled": False}, "gpuNodes": {"runtimeClassExists": True}},
     "driver": {"driver": {"enabled": True}},
+    "dra": {"dra": {"enabled": True}},
     "monitoring.webhookServiceMonitor": {"monitoring": {"webhookServiceMonitor": {"enabled": True}}},
     "monitoring.prometheusRule": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "monitoring.jobs": {"monitoring": {"prometheusRule": {"enabled": True}}},
@@ -70,6 +71,7 @@ EXAMPLES: dict[str, Any] = {
     "inspect.rbac.subjects": [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}],
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
     "monitoring.prometheusRule.webhookLatencyRatio": 0.8,
+    "dra.featureGates": {"MPSSupport": True},
 }
 
 

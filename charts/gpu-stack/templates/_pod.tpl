@@ -28,6 +28,10 @@ Call with (dict "root" $ "nodeSelector" .Values.x.nodeSelector "affinity" .Value
 - pauseLabel: also stay off nodes where the MIG manager set that label to paused-for-mig-change
   (the MIG manager pauses GPU clients this way while it repartitions the GPUs).
 - tolerations: the component's when set, else .Values.gpuNodes.tolerations for GPU agents.
+- provider: "device-plugin" or "dra" for the agents of one GPU provider (gpu-stack.dra.providerLabel):
+  with dra.enabled, "device-plugin" agents stay off nodes labelled for DRA and "dra" agents run only
+  there, so a node's GPUs have one provider (KEP-5004). validate.yaml refuses an `affinity` value for
+  these agents then, since it would replace the GPU node affinity that carries the provider term.
 */}}
 {{- define "gpu-stack.scheduling" -}}
 {{- $root := .root }}
@@ -45,6 +49,9 @@ affinity:
 {{- $exprs := list (dict "key" . "operator" "In" "values" (list "true")) }}
 {{- if $.pauseLabel }}
 {{- $exprs = append $exprs (dict "key" $.pauseLabel "operator" "NotIn" "values" (list "false" "paused-for-mig-change")) }}
+{{- end }}
+{{- if and $.provider $root.Values.dra.enabled }}
+{{- $exprs = append $exprs (dict "key" (include "gpu-stack.dra.providerLabel" $root) "operator" (ternary "In" "NotIn" (eq $.provider "dra")) "values" (list "dra")) }}
 {{- end }}
 {{- $terms = append $terms (dict "matchExpressions" $exprs) }}
 {{- end }}

@@ -32,6 +32,7 @@ migHostIPC: Upstream mig-parted k8s-mig-manager runs with hostIPC to reach the h
 driverPrivileged: Builds and loads the NVIDIA kernel modules (insmod, mknod) and mounts the driver root on the host (upstream GPU Operator driver container)
 driverHostPID: Upstream GPU Operator v26.7.0 runs the driver container with hostPID (assets/state-driver/0500_daemonset.yaml) - it unloads and reloads kernel modules that host processes may hold
 driverRootfs: Installs the driver into its own root filesystem and shares it with the host as /run/nvidia/driver (nvidia-driver init)
+draPrivileged: Upstream dra-driver-nvidia-gpu and GPU Operator run the DRA kubelet plugin privileged - it enumerates every GPU through NVML, creates device nodes, writes CDI specs and mounts the kubelet plugin directory with Bidirectional propagation
 dcgmPrivileged: Reads every GPU through NVML while unprivileged NVIDIA_VISIBLE_DEVICES is ignored, plus the DCGM profiling counters (SYS_ADMIN); GPU Operator runs it privileged
 tokenConfigManager: Only where needed - the pod has no automatic token; a projected token is mounted into the config-manager containers, which read the node label
 tokenApi: Calls the Kubernetes API (its RBAC is in the chart README); the token is what it authenticates with
