@@ -112,6 +112,38 @@ def test_pod_requests_count_like_the_scheduler() -> None:
     assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 4}  # 1 sidecar + 1 + 2
 
 
+def test_pod_overhead_is_added_after_the_init_container_peak() -> None:
+    # component-helpers resource/helpers.go PodRequests: max(containers + sidecars, init peak), then
+    # spec.overhead on top (the RuntimeClass's), not overhead into the sum before the max.
+    gpu = "nvidia.com/gpu"
+    spec = {"initContainers": [{"name": "setup", "resources": {"limits": {gpu: "3"}}}],
+            "containers": [{"name": "main", "resources": {"limits": {gpu: "1"}}}],
+            "overhead": {gpu: "1", "cpu": "250m"}}
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 4}
+
+
+def test_a_limit_alone_is_the_request_and_requests_win_when_both_are_set() -> None:
+    mig = "nvidia.com/mig-1g.5gb"
+    spec = {"containers": [{"name": "a", "resources": {"limits": {mig: "2"}}},
+                           {"name": "b", "resources": {"requests": {mig: "1"}, "limits": {mig: "1"}}}]}
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {mig: 3}
+
+
+def test_names_from_the_sharing_configs_are_gpus() -> None:
+    # An older device plugin honoured `rename`: the webhook's rules count the renamed resource as a GPU,
+    # and so does inspect when it has read the configs.
+    config = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+              "    - {name: nvidia.com/gpu, rename: nvidia.com/gpu-ts, replicas: 4}\n")
+    sharing = sharing_from_configmap({"only": config})
+    renamed = "nvidia.com/gpu-ts"
+    nodes = [node("n", {"nvidia.com/gpu.present": "true"}, {renamed: 4})]
+    pods = [pod("a", "p", "n", [container("c", {renamed: 1})])]
+    (with_configs,) = build_report(nodes, pods, sharing).nodes
+    assert usage(with_configs) == {renamed: (4, 4, 1, 3)}
+    (without,) = build_report(nodes, pods).nodes
+    assert usage(without) == {}
+
+
 def test_namespace_limits_holders_not_counts() -> None:
     report = build_report(NODES, PODS, holder_namespace="vision")
     nodes = records(report)

@@ -9,8 +9,11 @@ and the device plugin configs the chart rendered into one record per GPU node:
   `nvidia.com/device-plugin.config` selects (else the default config), and per resource the strategy
   and replicas that config sets (parsed by `sharing.SharingIndex`, the webhook's own parser).
 - MIG: GFD's `nvidia.com/mig.strategy`, and the MIG manager's `nvidia.com/mig.config` / `.config.state`.
-- Every GPU-like resource (policy `gpuResources`: by default any `nvidia.com/` name) in the node's
-  capacity or allocatable or requested by a pod on it: capacity, allocatable, requested, free.
+- Every GPU resource (policy `gpuResources`: by default nvidia.com/gpu, nvidia.com/gpu.shared and
+  nvidia.com/mig-<profile>; plus every name the sharing configs give) in the node's capacity or
+  allocatable or requested by a pod on it: capacity, allocatable, requested (what the scheduler counts:
+  `pod_requests`, summed over the pods bound to the node that have not finished) and free
+  (allocatable - requested, the room the scheduler's NodeResourcesFit sees).
 - MPS per-client limits: the MPS control daemon gives each of the N replicas of a GPU 1/N of its memory
   and 100/N percent of its threads (see tests/inspect/test_inspect_model.py for the upstream source).
 - The pods holding them: every container that requests a GPU resource, in pods bound to the node that
@@ -96,8 +99,10 @@ def _requests(container: Mapping[str, Any]) -> dict[str, int]:
 
 
 def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict[str, int]:
-    """What the scheduler counts against the node for each GPU resource: the larger of the sum over
-    containers and sidecars, and each init container plus the sidecars started before it."""
+    """What the scheduler counts against the node for each GPU resource (k8s.io/component-helpers
+    resource/helpers.go PodRequests, which the NodeResourcesFit plugin and the scheduler cache use): the
+    larger of the sum over containers and sidecars, and each init container plus the sidecars started
+    before it; then the pod overhead (spec.overhead, from its RuntimeClass) on top."""
     total: dict[str, int] = {}
     peak: dict[str, int] = {}
     sidecars: dict[str, int] = {}
@@ -111,11 +116,11 @@ def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict
                 total[name] = total.get(name, 0) + amount
                 if kind == "sidecar":
                     sidecars[name] = sidecars.get(name, 0) + amount
+    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in set(total) | set(peak)}
     for name, amount in _dict(spec.get("overhead")).items():
         if is_gpu(name):
-            total[name] = total.get(name, 0) + _quantity(amount)
-    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in sorted(set(total) | set(peak))}
-    return {n: amount for n, amount in merged.items() if amount}
+            merged[name] = merged.get(name, 0) + _quantity(amount)
+    return {n: amount for n, amount in sorted(merged.items()) if amount}
 
 
 def _is_gpu_node(labels: Mapping[str, str], gpu_resources: Iterable[str]) -> bool:
@@ -175,7 +180,9 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
                  holder_namespace: str | None = None, notes: Iterable[str] = ()) -> Report:
     """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
     `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
-    is_gpu = (gpu_resources or GpuResources()).is_gpu
+    # Names a sharing config gives (renames, <name>.shared) are GPUs too, as for the webhook's rules.
+    is_gpu = (gpu_resources.is_gpu if gpu_resources is not None else
+              sharing.is_gpu if sharing is not None else GpuResources().is_gpu)
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
         node_name = _dict(pod.get("spec")).get("nodeName")
