@@ -19,18 +19,22 @@ and the device plugin configs the chart rendered into one record per GPU node:
 - The pods holding them: every container that requests a GPU resource, in pods bound to the node that
   have not finished (Succeeded and Failed pods hold nothing).
 
+- The chart's Grafana dashboards (`dashboards`): its dashboard ConfigMaps and GrafanaDashboards in the
+  release (or monitoring.dashboards) namespace, with uid and title from the dashboard JSON and the folder.
+
 The records and their `-o json` / `-o yaml` shape (versioned, inspect-v1.schema.json) are in records.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import Holder, MpsLimits, NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.inspect.records import Dashboard, Dashboards, Holder, MpsLimits, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
 from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
@@ -57,6 +61,48 @@ def sharing_from_configmap(data: Mapping[str, str], default_config: str | None =
         raise ConfigError("the device plugin ConfigMap holds no config")
     default = default_config if default_config in configs else next(iter(configs))
     return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, default_config=default)))
+
+
+# --- the chart's Grafana dashboards ----------------------------------------------------------------------
+
+# Where the folder is read from a ConfigMap: the chart's default monitoring.dashboards.folderAnnotation,
+# then the Grafana sidecar's own default (kiwigrid k8s-sidecar FOLDER_ANNOTATION).
+FOLDER_ANNOTATIONS = ("grafana_folder", "k8s-sidecar-target-directory")
+
+
+def _dashboard_json(text: Any) -> tuple[str | None, str | None]:
+    try:
+        doc = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None, None
+    uid, title = doc.get("uid"), doc.get("title")
+    return (uid if isinstance(uid, str) else None), (title if isinstance(title, str) else None)
+
+
+def dashboards(namespace: str, configmaps: Iterable[Mapping[str, Any]],
+               grafana_dashboards: Iterable[Mapping[str, Any]] = ()) -> Dashboards:
+    """The chart's dashboards as found in `namespace`: one per `*.json` key of its dashboard ConfigMaps
+    (what Grafana's sidecar imports), and one per GrafanaDashboard (what grafana-operator imports);
+    sorted by kind, then name."""
+    found: list[Dashboard] = []
+    for cm in configmaps:
+        meta = _dict(cm.get("metadata"))
+        annotations = _dict(meta.get("annotations"))
+        folder = next((str(annotations[k]) for k in FOLDER_ANNOTATIONS if k in annotations), None)
+        for key, text in sorted(_dict(cm.get("data")).items()):
+            if str(key).endswith(".json"):
+                uid, title = _dashboard_json(text)
+                found.append(Dashboard("ConfigMap", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
+                                       uid, title, folder))
+    for gd in grafana_dashboards:
+        meta, spec = _dict(gd.get("metadata")), _dict(gd.get("spec"))
+        uid, title = _dashboard_json(spec.get("json"))
+        folder = spec.get("folder")
+        found.append(Dashboard("GrafanaDashboard", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
+                               uid, title, folder if isinstance(folder, str) else None))
+    return Dashboards(namespace, tuple(sorted(found, key=lambda d: (d.kind, d.name, d.uid or ""))))
 
 
 # --- building -----------------------------------------------------------------------------------------
@@ -177,7 +223,8 @@ def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> 
 
 def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                  sharing: SharingIndex | None = None, *, gpu_resources: GpuResources | None = None,
-                 holder_namespace: str | None = None, notes: Iterable[str] = ()) -> Report:
+                 holder_namespace: str | None = None, notes: Iterable[str] = (),
+                 dashboards: Dashboards | None = None) -> Report:
     """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
     `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
     # Names a sharing config gives (renames, <name>.shared) are GPUs too, as for the webhook's rules.
@@ -228,7 +275,8 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             holders=tuple(holders),
             notes=tuple(node_notes + _node_notes(labels, resources)),
         ))
-    return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace)
+    return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace,
+                  dashboards=dashboards)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -63,11 +63,28 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class Dashboard:
+    kind: str  # ConfigMap (Grafana's dashboard sidecar) | GrafanaDashboard (grafana-operator)
+    namespace: str
+    name: str
+    uid: str | None  # from the dashboard JSON; None when it cannot be read
+    title: str | None
+    folder: str | None  # the folder annotation (ConfigMap) or spec.folder (GrafanaDashboard)
+
+
+@dataclass(frozen=True)
+class Dashboards:
+    namespace: str  # where they were looked for (monitoring.dashboards.namespace, else the release's)
+    items: tuple[Dashboard, ...]
+
+
+@dataclass(frozen=True)
 class Report:
     nodes: tuple[NodeRecord, ...]
     other_nodes: int  # nodes listed that carry no GPU
     notes: tuple[str, ...] = ()
     holder_namespace: str | None = None  # holders listed from this namespace only
+    dashboards: Dashboards | None = None  # None: not looked up (forbidden, or not asked)
     totals: tuple[ResourceUse, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +119,11 @@ class Report:
                 "resources": [_usage_dict(r) for r in self.totals],
             },
             "notes": list(self.notes),
+            "dashboards": None if self.dashboards is None else {
+                "namespace": self.dashboards.namespace,
+                "items": [{"kind": d.kind, "namespace": d.namespace, "name": d.name, "uid": d.uid, "title": d.title,
+                           "folder": d.folder} for d in self.dashboards.items],
+            },
         }
 
 

@@ -13,7 +13,7 @@ from typing import IO
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.inspect.records import Dashboards, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -142,6 +142,15 @@ def render_node(node: NodeRecord, wide: bool, paint: _Paint) -> list[str]:
     return lines
 
 
+def render_dashboards(dashboards: Dashboards, paint: _Paint) -> list[str]:
+    if not dashboards.items:
+        return [f"no dashboards installed in namespace {dashboards.namespace} (monitoring.dashboards.enabled=false)"]
+    rows = [[d.name if d.namespace == dashboards.namespace else f"{d.namespace}/{d.name}", d.kind,
+             _opt(d.folder), _opt(d.uid), _opt(d.title)] for d in dashboards.items]
+    return [f"{paint('dashboards', BOLD)} in namespace {dashboards.namespace} (Grafana)",
+            *_table(["NAME", "KIND", "FOLDER", "UID", "TITLE"], rows, paint)]
+
+
 def summary_line(report: Report) -> str:
     nodes = len(report.nodes)
     text = f"{nodes} GPU node{'s' if nodes != 1 else ''}, {report.gpus} GPU{'s' if report.gpus != 1 else ''}"
@@ -159,6 +168,8 @@ def render_table(report: Report, wide: bool = False, color: bool = False) -> str
         lines += [*render_node(node, wide, paint), ""]
     if not report.nodes:
         lines.append("No GPU nodes found.")
+    if report.dashboards is not None:
+        lines += [*render_dashboards(report.dashboards, paint), ""]
     lines += [f"{paint('note', YELLOW)}: {note}" for note in report.notes]
     lines.append(paint(summary_line(report), BOLD))
     return "\n".join(lines) + "\n"
