@@ -30,6 +30,8 @@ def test_default_cluster_role_is_read_only_and_names_the_configmap(major: int) -
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list"]},
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIGMAP], "verbs": ["get"]},
+        # DRA devices and who holds them (read-only)
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims"], "verbs": ["get", "list"]},
     ]
     assert role["metadata"]["labels"]["app.kubernetes.io/component"] == "inspect"
     one(objects, "ConfigMap", CONFIGMAP)  # the name in resourceNames is the ConfigMap the chart renders

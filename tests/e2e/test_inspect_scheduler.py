@@ -17,6 +17,7 @@ left Pending asks for more than inspect says is free; no Pending or finished pod
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -282,3 +283,113 @@ def test_pending_and_finished_pods_count_nowhere(cluster: E2ECluster, bound_flee
     done = next(p for p in pods if p["metadata"]["name"] == bound_fleet.finished
                 and p["metadata"]["namespace"] == bound_fleet.namespace)
     assert (done["spec"]["nodeName"], done["status"]["phase"]) == (n["ex"], "Succeeded")
+
+
+# --- DRA: a GPU the scheduler allocates through a ResourceClaim -------------------------------------------
+
+DRA_DRIVER = "gpu.nvidia.com"
+DEVICE_CLASS = "gpu.nvidia.com"
+GPU_SELECTOR = f'device.driver == "{DRA_DRIVER}" && device.attributes["{DRA_DRIVER}"].type == "gpu"'
+
+
+def dra_slice(node: str) -> dict[str, Any]:
+    """What kubernetes-sigs/dra-driver-nvidia-gpu's gpu-kubelet-plugin publishes for a node with two A100s
+    (main at 0.5.0-dev, the newest the source snapshot here has; no v0.5.0 tag yet): DynamicMIG off, one
+    ResourceSlice, pool named after the node (cmd/gpu-kubelet-plugin/driver.go publishResources), devices
+    gpu-<minor> with the attributes of deviceinfo.go GpuInfo.Attributes and the memory capacity of
+    partitions.go fullGpuCapacity."""
+    def gpu(minor: int) -> dict[str, Any]:
+        return {"name": f"gpu-{minor}",
+                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{uuid_of(node, minor)}"},
+                               "productName": {"string": "NVIDIA A100-SXM4-40GB"}, "brand": {"string": "Nvidia"},
+                               "architecture": {"string": "Ampere"}, "cudaComputeCapability": {"version": "8.0.0"},
+                               "driverVersion": {"version": "580.95.5"}, "cudaDriverVersion": {"version": "13.0.0"}},
+                "capacity": {"memory": {"value": "40Gi"}}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{node}-{DRA_DRIVER}-"},
+            "spec": {"driver": DRA_DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [gpu(0), gpu(1)]}}
+
+
+def uuid_of(node: str, minor: int) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{minor}"))
+
+
+@dataclass(frozen=True)
+class DraPlane:
+    namespace: str
+    node: str
+    pod: str
+
+
+@pytest.fixture(scope="module")
+def dra_pod(cluster: E2ECluster) -> Iterator[DraPlane]:
+    node = unique("insp-dra")
+    namespace = cluster.create_namespace()
+    sharing = ChartSharing.render(cluster.helm, OVERLAY)
+    made_class = False
+    with Fleet(cluster, sharing, [NodeSpec(node)]) as fleet:  # no device plugin: its GPUs come through DRA
+        slice_name = ""
+        try:
+            # The DeviceClass the driver's chart ships (deployments/helm/.../deviceclass-gpu.yaml), without its
+            # extendedResourceName: on this shared plane nvidia.com/gpu must stay the device plugin's.
+            device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                            "metadata": {"name": DEVICE_CLASS},
+                            "spec": {"selectors": [{"cel": {"expression": GPU_SELECTOR}}]}}
+            made_class = cluster.kubectl("create", "-f", "-", input=json.dumps(device_class),
+                                         check=False).returncode == 0
+            slice_name = cluster.kubectl("create", "-o", "name", "-f", "-",
+                                         input=json.dumps(dra_slice(node))).stdout.strip()
+            template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                        "metadata": {"name": "one-gpu"},
+                        "spec": {"spec": {"devices": {"requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}}}
+            _create(cluster, namespace, template)
+            pod = pinned(fleet, "dra-trainer", node, [{"name": "train", "image": IMAGE,
+                                                       "resources": {"claims": [{"name": "gpu"}]}}])
+            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+            _create(cluster, namespace, pod)
+            status, message, bound_to = wait_scheduled(cluster, namespace, "dra-trainer")
+            assert (status, bound_to) == ("True", node), message
+            yield DraPlane(namespace, node, "dra-trainer")
+        finally:
+            delete_pods(cluster, namespace)
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+            if slice_name:
+                cluster.kubectl("delete", slice_name, "--ignore-not-found")
+            if made_class:
+                cluster.kubectl("delete", "deviceclass", DEVICE_CLASS, "--ignore-not-found")
+
+
+def test_dra_gpu_allocated_by_the_scheduler_is_shown_with_its_claim_and_pod(
+        cluster: E2ECluster, dra_pod: DraPlane) -> None:
+    # The claim the ResourceClaim controller made from the template, as the scheduler allocated it.
+    pod = cluster.get_json("pod", dra_pod.pod, "-n", dra_pod.namespace)
+    (claim_status,) = pod["status"]["resourceClaimStatuses"]
+    claim = cluster.get_json("resourceclaim", claim_status["resourceClaimName"], "-n", dra_pod.namespace)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRA_DRIVER, dra_pod.node)
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [dra_pod.pod]
+    claim_name = f"{dra_pod.namespace}/{claim['metadata']['name']}"
+
+    result_json = inspect("--node", dra_pod.node, "-o", "json", kubeconfig=cluster.kubeconfig)
+    assert result_json.returncode == 0, result_json.stderr
+    doc = json.loads(result_json.stdout)
+    (node,) = doc["nodes"]
+    expected = [{"driver": DRA_DRIVER, "pool": dra_pod.node, "name": f"gpu-{i}", "type": "gpu",
+                 "product": "NVIDIA A100-SXM4-40GB",
+                 "claim": claim_name if f"gpu-{i}" == result["device"] else None,
+                 "pods": [f"{dra_pod.namespace}/{dra_pod.pod}"] if f"gpu-{i}" == result["device"] else []}
+                for i in (0, 1)]
+    assert node["draDevices"] == expected
+    assert node["resources"] == [] and node["pods"] == []  # nothing through the device plugin
+    assert doc["summary"]["draDevices"] == {"published": 2, "allocated": 1, "free": 1}
+
+    table = inspect("--node", dra_pod.node, kubeconfig=cluster.kubeconfig)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines() if line.startswith("  gpu-")}
+    free = "gpu-1" if result["device"] == "gpu-0" else "gpu-0"
+    assert rows[result["device"]][-2:] == [claim_name, f"{dra_pod.namespace}/{dra_pod.pod}"]
+    assert rows[free][-2:] == ["free", "-"]
+    assert "; DRA devices free: 1/2;" in table.stdout

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
 from gpu_stack_webhook.inspect.records import MpsLimits, NodeRecord, Report
+from gpu_stack_webhook.inspect.render import render
 from gpu_stack_webhook.policy.config import ConfigError
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 
@@ -172,3 +173,42 @@ def test_unusable_configmap_is_a_config_error(data: dict[str, str]) -> None:
 def test_single_config_is_the_default_without_annotation() -> None:
     index = sharing_from_configmap({"only": "version: v1\nflags: {migStrategy: single}\n"})
     assert index.default == "only"
+
+
+def _slice(node_name: str, devices: list[str], generation: int = 1, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    # The shape kubernetes-sigs/dra-driver-nvidia-gpu's gpu-kubelet-plugin publishes (driver.go publishResources:
+    # one pool per node, named after it; deviceinfo.go GpuInfo.GetDevice: gpu-<minor>, attributes type, productName).
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "spec": {"driver": driver, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": d, "attributes": {"type": {"string": "gpu"},
+                                                            "productName": {"string": "NVIDIA A100-SXM4-40GB"}}}
+                                 for d in devices]}}
+
+
+def _claim(namespace: str, name: str, node_name: str, device: str, pods: list[str]) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node_name, "device": device}]}},
+                "reservedFor": [{"resource": "pods", "name": p, "uid": "u"} for p in pods]}}
+
+
+def test_dra_devices_allocated_by_claims_and_free() -> None:
+    dra_node = node("dra-1", {}, {})  # no device plugin, no GFD labels: a DRA-only GPU node
+    slices = [_slice("dra-1", ["gpu-0", "gpu-1"], generation=2), _slice("dra-1", ["gpu-9"], generation=1),
+              _slice("dra-1", ["nic-0"], driver="example.com/nic")]
+    claims = [_claim("ml", "trainer-gpu-x7", "dra-1", "gpu-1", ["trainer"]), {"metadata": {"name": "pending"}}]
+    report = build_report([dra_node, NODES[-1]], [], resource_slices=slices, resource_claims=claims)
+    (record,) = report.nodes  # the CPU worker has no slices: still not a GPU node
+    assert [(d.name, d.type, d.product, d.claim, d.pods) for d in record.dra] == [
+        ("gpu-0", "gpu", "NVIDIA A100-SXM4-40GB", None, ()),
+        ("gpu-1", "gpu", "NVIDIA A100-SXM4-40GB", "ml/trainer-gpu-x7", ("ml/trainer",))]  # gen 1 and the NIC: not
+    assert report.dra_devices == (2, 1)
+    assert report.to_dict()["summary"]["draDevices"] == {"published": 2, "allocated": 1, "free": 1}
+    table = render(report, "table")
+    assert (
+        "  DRA DEVICE   DRIVER           POOL    TYPE   PRODUCT                 CLAIM               PODS\n"
+        "  gpu-0        gpu.nvidia.com   dra-1   gpu    NVIDIA A100-SXM4-40GB   free                -\n"
+        "  gpu-1        gpu.nvidia.com   dra-1   gpu    NVIDIA A100-SXM4-40GB   ml/trainer-gpu-x7   ml/trainer\n"
+    ) in table
+    assert table.endswith("1 GPU node, 0 GPUs; DRA devices free: 1/2; 0 pods holding GPU resources\n")

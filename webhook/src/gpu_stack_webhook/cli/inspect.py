@@ -79,7 +79,9 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
     dashboards = None if snapshot.dashboards is None else inspect_model.dashboards(
         query.dashboards_in, *snapshot.dashboards)
     report = inspect_model.build_report(snapshot.nodes, snapshot.pods, sharing, holder_namespace=args.namespace,
-                                        notes=notes, dashboards=dashboards)
+                                        notes=notes, dashboards=dashboards,
+                                        resource_slices=snapshot.resource_slices,
+                                        resource_claims=snapshot.resource_claims)
     color = args.output in ("table", "wide") and inspect_render.color_wanted(
         args.color, sys.stdout, load_terminal_settings())
     sys.stdout.write(inspect_render.render(report, args.output, color=color))

@@ -19,6 +19,8 @@ and the device plugin configs the chart rendered into one record per GPU node:
 - The pods holding them: every container that requests a GPU resource, in pods bound to the node that
   have not finished (Succeeded and Failed pods hold nothing).
 
+- DRA devices (`dra_devices`): what the NVIDIA DRA driver publishes for the node in ResourceSlices, and
+  the ResourceClaim (and its pods) each device is allocated to.
 - The chart's Grafana dashboards (`dashboards`): its dashboard ConfigMaps and GrafanaDashboards in the
   release (or monitoring.dashboards) namespace, with uid and title from the dashboard JSON and the folder.
 
@@ -34,7 +36,16 @@ from typing import Any
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import Dashboard, Dashboards, Holder, MpsLimits, NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.inspect.records import (
+    Dashboard,
+    Dashboards,
+    DraDevice,
+    Holder,
+    MpsLimits,
+    NodeRecord,
+    Report,
+    ResourceUse,
+)
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
 from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
@@ -103,6 +114,61 @@ def dashboards(namespace: str, configmaps: Iterable[Mapping[str, Any]],
         found.append(Dashboard("GrafanaDashboard", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
                                uid, title, folder if isinstance(folder, str) else None))
     return Dashboards(namespace, tuple(sorted(found, key=lambda d: (d.kind, d.name, d.uid or ""))))
+
+
+# --- DRA: devices from ResourceSlices, allocations from ResourceClaims -----------------------------------
+
+# The NVIDIA DRA driver's GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin: DriverName).
+DRA_DRIVERS = ("gpu.nvidia.com",)
+
+
+def _attribute(device: Mapping[str, Any], name: str) -> str | None:
+    value = _dict(_dict(device.get("attributes")).get(name))
+    for kind in ("string", "version", "int", "bool"):
+        if kind in value:
+            return str(value[kind])
+    return None
+
+
+def dra_devices(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
+                drivers: Iterable[str] = DRA_DRIVERS) -> dict[str, list[DraDevice]]:
+    """node -> the DRA devices of `drivers` published for it, each with the ResourceClaim allocated to it.
+
+    As the scheduler reads them (resource.k8s.io/v1): a slice belongs to a node by spec.nodeName; of a pool
+    only the slices of its newest spec.pool.generation count; a device is allocated when a claim's
+    status.allocation.devices.results names its driver, pool and device; the claim's status.reservedFor
+    lists the pods using it."""
+    wanted = set(drivers)
+    node_slices = [s for s in slices if _dict(s.get("spec")).get("driver") in wanted
+                   and _dict(s.get("spec")).get("nodeName")]
+    newest: dict[tuple[str, str], int] = {}
+    for sl in node_slices:
+        spec = _dict(sl.get("spec"))
+        key = (str(spec["driver"]), str(_dict(spec.get("pool")).get("name", "")))
+        newest[key] = max(newest.get(key, 0), _int(_dict(spec.get("pool")).get("generation")) or 0)
+    holders: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
+    for claim in claims:
+        meta, status = _dict(claim.get("metadata")), _dict(claim.get("status"))
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        pods = tuple(sorted(f"{meta.get('namespace', '')}/{r.get('name', '')}"
+                            for r in status.get("reservedFor") or [] if _dict(r).get("resource") == "pods"))
+        for entry in _dict(_dict(status.get("allocation")).get("devices")).get("results") or []:
+            result = _dict(entry)
+            holders[(str(result.get("driver")), str(result.get("pool")), str(result.get("device")))] = (name, pods)
+    by_node: dict[str, list[DraDevice]] = {}
+    for sl in node_slices:
+        spec = _dict(sl.get("spec"))
+        driver, pool = str(spec["driver"]), _dict(spec.get("pool"))
+        pool_name = str(pool.get("name", ""))
+        if (_int(pool.get("generation")) or 0) < newest[(driver, pool_name)]:
+            continue  # an older generation of the pool, being replaced: the scheduler ignores it
+        for entry in spec.get("devices") or []:
+            device = _dict(entry)
+            name = str(device.get("name", ""))
+            holder, pods = holders.get((driver, pool_name, name), (None, ()))
+            by_node.setdefault(str(spec["nodeName"]), []).append(DraDevice(
+                driver, pool_name, name, _attribute(device, "type"), _attribute(device, "productName"), holder, pods))
+    return {node: sorted(devices, key=lambda d: (d.driver, d.pool, d.name)) for node, devices in by_node.items()}
 
 
 # --- building -----------------------------------------------------------------------------------------
@@ -224,7 +290,8 @@ def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> 
 def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                  sharing: SharingIndex | None = None, *, gpu_resources: GpuResources | None = None,
                  holder_namespace: str | None = None, notes: Iterable[str] = (),
-                 dashboards: Dashboards | None = None) -> Report:
+                 dashboards: Dashboards | None = None, resource_slices: Iterable[Mapping[str, Any]] = (),
+                 resource_claims: Iterable[Mapping[str, Any]] = ()) -> Report:
     """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
     `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
     # Names a sharing config gives (renames, <name>.shared) are GPUs too, as for the webhook's rules.
@@ -235,6 +302,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         node_name = _dict(pod.get("spec")).get("nodeName")
         if node_name and _dict(pod.get("status")).get("phase") not in FINISHED_PHASES:
             by_node.setdefault(node_name, []).append(pod)
+    dra = dra_devices(resource_slices, resource_claims)
     records, other = [], 0
     for node in sorted(nodes, key=lambda n: str(_dict(n.get("metadata")).get("name", ""))):
         meta, status = _dict(node.get("metadata")), _dict(node.get("status"))
@@ -254,7 +322,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
                 Holder(str(pmeta.get("namespace", "")), str(pmeta.get("name", "")), cname, kind, res, amount, phase)
                 for kind, cname, reqs in _containers(spec) for res, amount in reqs.items() if is_gpu(res) and amount)
         names = sorted({n for n in (*capacity, *allocatable) if is_gpu(n)} | set(requested))
-        if not _is_gpu_node(labels, names):
+        if not _is_gpu_node(labels, names) and name not in dra:
             other += 1
             continue
         config, node_notes = _node_config(labels, sharing)
@@ -274,6 +342,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             resources=resources,
             holders=tuple(holders),
             notes=tuple(node_notes + _node_notes(labels, resources)),
+            dra=tuple(dra.get(name, ())),
         ))
     return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace,
                   dashboards=dashboards)

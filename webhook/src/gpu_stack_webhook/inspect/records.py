@@ -45,6 +45,23 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class DraDevice:
+    """A device a DRA driver publishes for the node in a ResourceSlice, and the claim it is allocated to."""
+
+    driver: str
+    pool: str
+    name: str
+    type: str | None  # the driver's `type` attribute: gpu, mig, vfio, ...
+    product: str | None  # `productName`
+    claim: str | None  # namespace/name of the ResourceClaim whose allocation names it; None: free
+    pods: tuple[str, ...] = ()  # namespace/name of the pods the claim is reserved for
+
+    @property
+    def allocated(self) -> bool:
+        return self.claim is not None
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     name: str
     product: str | None
@@ -60,6 +77,7 @@ class NodeRecord:
     resources: tuple[ResourceUse, ...]
     holders: tuple[Holder, ...]
     notes: tuple[str, ...] = ()
+    dra: tuple[DraDevice, ...] = ()  # DRA devices published for the node (ResourceSlices)
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,12 @@ class Report:
         return sum(node.gpu_count or 0 for node in self.nodes)
 
     @property
+    def dra_devices(self) -> tuple[int, int]:
+        """(published, allocated) DRA devices on the nodes listed."""
+        devices = [d for node in self.nodes for d in node.dra]
+        return len(devices), sum(1 for d in devices if d.allocated)
+
+    @property
     def holding_pods(self) -> int:
         return len({(h.namespace, h.pod) for node in self.nodes for h in node.holders})
 
@@ -117,6 +141,8 @@ class Report:
                 "holdingPods": self.holding_pods,
                 "holderNamespace": self.holder_namespace,
                 "resources": [_usage_dict(r) for r in self.totals],
+                "draDevices": {"published": self.dra_devices[0], "allocated": self.dra_devices[1],
+                               "free": self.dra_devices[0] - self.dra_devices[1]},
             },
             "notes": list(self.notes),
             "dashboards": None if self.dashboards is None else {
@@ -151,4 +177,6 @@ def _node_dict(node: NodeRecord) -> dict[str, Any]:
                   "containerType": h.container_type, "resource": h.resource, "amount": h.amount,
                   "phase": h.phase} for h in node.holders],
         "notes": list(node.notes),
+        "draDevices": [{"driver": d.driver, "pool": d.pool, "name": d.name, "type": d.type, "product": d.product,
+                        "claim": d.claim, "pods": list(d.pods)} for d in node.dra],
     }

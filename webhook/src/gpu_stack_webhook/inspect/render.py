@@ -138,6 +138,11 @@ def render_node(node: NodeRecord, wide: bool, paint: _Paint) -> list[str]:
         lines += _table(header, rows, paint)
     else:
         lines.append("  no pods hold GPU resources")
+    if node.dra:
+        rows = [[d.name, d.driver, d.pool, _opt(d.type), _opt(d.product), _opt(d.claim, "free"),
+                 ", ".join(d.pods) or "-"] for d in node.dra]
+        colors = [["", "", "", "", "", "" if d.allocated else GREEN, ""] for d in node.dra]
+        lines += _table(["DRA DEVICE", "DRIVER", "POOL", "TYPE", "PRODUCT", "CLAIM", "PODS"], rows, paint, colors)
     lines += [f"  {paint('note', YELLOW)}: {note}" for note in node.notes]
     return lines
 
@@ -156,6 +161,9 @@ def summary_line(report: Report) -> str:
     text = f"{nodes} GPU node{'s' if nodes != 1 else ''}, {report.gpus} GPU{'s' if report.gpus != 1 else ''}"
     if report.totals:
         text += "; free: " + ", ".join(f"{r.name} {r.free}/{r.allocatable}" for r in report.totals)
+    published, allocated = report.dra_devices
+    if published:
+        text += f"; DRA devices free: {published - allocated}/{published}"
     pods = report.holding_pods
     where = f" in namespace {report.holder_namespace}" if report.holder_namespace is not None else ""
     return text + f"; {pods} pod{'s' if pods != 1 else ''}{where} holding GPU resources"
