@@ -12,7 +12,11 @@ What inspect prints per node and resource (table and `-o json`) must equal what 
 from the API objects as the scheduler does (allocatable minus the effective requests of the bound,
 unfinished pods; k8s.io/component-helpers resource/helpers.go PodRequests, written out again here so the
 test does not check the model against itself), and agree with the scheduler's own verdicts: every pod it
-left Pending asks for more than inspect says is free; no Pending or finished pod is listed anywhere."""
+left Pending asks for more than inspect says is free; no Pending or finished pod is listed anywhere.
+
+DRA: a node whose GPUs come only from a ResourceSlice of the NVIDIA DRA driver, a DeviceClass, and a pod with a
+ResourceClaimTemplate: the controller manager makes the claim, the scheduler allocates a device and binds the
+pod, and inspect shows that device with the claim and the pod, the other one free."""
 
 from __future__ import annotations
 
