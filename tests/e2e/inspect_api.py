@@ -102,15 +102,33 @@ def service_account_kubeconfig(api: client.ApiClient, admin_kubeconfig: Path, na
 
 
 def create_objects(api: client.ApiClient, objects: Iterable[Mapping[str, Any]]) -> None:
-    """ClusterRole / ClusterRoleBinding dicts from a chart render."""
+    """ClusterRole / ClusterRoleBinding / Role / RoleBinding dicts from a chart render (namespaces made)."""
     rbac = client.RbacAuthorizationV1Api(api)
     for obj in objects:
         if obj["kind"] == "ClusterRole":
             _ignore_exists(rbac.create_cluster_role, obj)
         elif obj["kind"] == "ClusterRoleBinding":
             _ignore_exists(rbac.create_cluster_role_binding, obj)
+        elif obj["kind"] in ("Role", "RoleBinding"):
+            namespace = obj["metadata"]["namespace"]
+            ensure_namespaces(api, [namespace])
+            create = rbac.create_namespaced_role if obj["kind"] == "Role" else rbac.create_namespaced_role_binding
+            _ignore_exists(create, namespace, obj)
         else:
             raise ValueError(f"unexpected {obj['kind']}")
+
+
+def delete_objects(api: client.ApiClient, objects: Iterable[Mapping[str, Any]]) -> None:
+    """What create_objects made."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    for obj in objects:
+        name, namespace = obj["metadata"]["name"], obj["metadata"].get("namespace")
+        delete = {"ClusterRole": rbac.delete_cluster_role, "ClusterRoleBinding": rbac.delete_cluster_role_binding,
+                  "Role": rbac.delete_namespaced_role, "RoleBinding": rbac.delete_namespaced_role_binding}[obj["kind"]]
+        if obj["kind"].startswith("Role"):
+            delete(name, namespace)
+        else:
+            delete(name)
 
 
 def inspect(*args: str, kubeconfig: Path, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,8 @@
 """`kubectl gpu-stack inspect` against a real API server: the 4-node GPU cluster of
 tests/inspect/inspect_cluster.py created through the API (Nodes with GFD labels and device plugin
-capacity/allocatable, Pods bound with spec.nodeName, the chart's device plugin ConfigMap); the printed
-table and JSON are the ones the unit tests and README.md show, byte for byte."""
+capacity/allocatable, Pods bound with spec.nodeName, the chart's device plugin ConfigMap and its Grafana
+dashboard ConfigMaps in namespace gpu-stack); the printed table and JSON are the ones the unit tests and
+README.md show, byte for byte."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, render_chart
-from kubernetes import client
+from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, chart_dashboards, render_chart
 
 from .e2elib import E2ECluster
 from .inspect_api import (
@@ -25,6 +25,7 @@ from .inspect_api import (
     create_all,
     create_objects,
     create_pod,
+    delete_objects,
     inspect,
     service_account_kubeconfig,
 )
@@ -34,7 +35,8 @@ EXPECTED = Path(__file__).resolve().parents[1] / "inspect"
 LABEL = {"gpu-stack.io/e2e": "inspect"}
 SELECTOR = "gpu-stack.io/e2e=inspect"
 CONFIGMAP_NAMESPACE = "inspect-e2e"
-ARGS = ("-l", SELECTOR, "--configmap-namespace", CONFIGMAP_NAMESPACE)
+DASHBOARDS_NAMESPACE = "gpu-stack"  # as rendered (no e2e release is installed into this namespace)
+ARGS = ("-l", SELECTOR, "--configmap-namespace", CONFIGMAP_NAMESPACE, "--dashboards-namespace", DASHBOARDS_NAMESPACE)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,15 @@ def four_nodes(cluster: E2ECluster) -> Iterator[Path]:
     configmap = chart_configmap()
     configmap["metadata"]["namespace"] = CONFIGMAP_NAMESPACE
     apply_configmap(api, configmap)
+    dashboards = chart_dashboards()
+    for dashboard in dashboards:
+        apply_configmap(api, dashboard)
     create_all(api, NODES, [*PODS, *FINISHED_PODS], LABEL)
     create_pod(api, PENDING_POD)  # never bound: filtered out by the server
     yield kubeconfig
+    for dashboard in dashboards:
+        cluster.kubectl("delete", "configmap", dashboard["metadata"]["name"], "-n", DASHBOARDS_NAMESPACE,
+                        "--ignore-not-found")
     # Cluster-scoped leftovers would meet later tests' releases (their DaemonSets select GPU nodes).
     cluster.kubectl("delete", "nodes", "-l", SELECTOR, "--wait=false", check=False)
 
@@ -96,22 +104,26 @@ def test_rbac_names_verb_and_resource_then_the_chart_role_is_enough(four_nodes: 
     assert denied.stderr == (
         'error: forbidden: you cannot list nodes at the cluster scope (nodes is forbidden: User '
         f'"system:serviceaccount:{CONFIGMAP_NAMESPACE}:gpu-viewer" cannot list resource "nodes" in API group "" '
-        "at the cluster scope); the chart's read-only ClusterRole (inspect.rbac.create) grants what inspect needs\n")
+        "at the cluster scope); the chart's read-only ClusterRole and Role (inspect.rbac.create) grant what "
+        "inspect needs\n")
 
-    # The chart's ClusterRole, bound through inspect.rbac.subjects, is all the command needs.
+    # The chart's ClusterRole and Role, bound through inspect.rbac.subjects, are all the command needs; the Role
+    # where monitoring.dashboards.namespace puts the dashboards.
     subject = {"kind": "ServiceAccount", "name": "gpu-viewer", "namespace": CONFIGMAP_NAMESPACE}
     objects = render_chart(["--set-json", f"inspect.rbac.subjects={json.dumps([subject])}",
+                            "--set", "monitoring.dashboards.enabled=true",
+                            "--set", f"monitoring.dashboards.namespace={DASHBOARDS_NAMESPACE}",
                             "--show-only", "templates/inspect/clusterrole.yaml",
-                            "--show-only", "templates/inspect/clusterrolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
+                            "--show-only", "templates/inspect/clusterrolebinding.yaml",
+                            "--show-only", "templates/inspect/role.yaml",
+                            "--show-only", "templates/inspect/rolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
+    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
     create_objects(api, objects)
     try:
         allowed = _until_allowed(user)
     finally:
         # Named like a release called gpu-stack's own ClusterRole: left behind, it would block that install.
-        rbac = client.RbacAuthorizationV1Api(api)
-        for obj in objects:
-            delete = rbac.delete_cluster_role if obj["kind"] == "ClusterRole" else rbac.delete_cluster_role_binding
-            delete(obj["metadata"]["name"])
+        delete_objects(api, objects)
     assert allowed.stdout == (EXPECTED / "expected-4node.txt").read_text()
 
 
@@ -134,5 +146,7 @@ def test_small_pages_give_the_same_output(four_nodes: Path) -> None:
     assert found, result.stderr
     nodes, pods, requests = map(int, found.groups())
     assert (nodes, pods) == (5, 10)  # the finished and the unbound pods are filtered out by the server
-    pages = math.ceil(nodes / 2) + math.ceil(pods / 2) + 1  # + the ConfigMap
+    # + the device plugin ConfigMap, the 3 dashboard ConfigMaps, the GrafanaDashboards (404: no such API), the
+    # DRA ResourceSlices (none here; the claims are listed only when there are slices)
+    pages = math.ceil(nodes / 2) + math.ceil(pods / 2) + 1 + math.ceil(3 / 2) + 1 + 1
     assert pages <= requests <= pages + 2

@@ -9,6 +9,9 @@ plugin advertises, for one chart install with Chart-values-examples/per-node-con
 - gpu-a100-mig: 1x A100 40GB, config mig-mixed, MIG manager layout all-balanced (2x 1g.5gb, 1x 2g.10gb,
   1x 3g.20gb); the MIG-enabled GPU itself is not advertised as nvidia.com/gpu.
 
+The chart's Grafana dashboards are installed too (monitoring.dashboards.enabled=true: three ConfigMaps in
+namespace gpu-stack, folder "GPU"), `chart_dashboards()`.
+
 Upstream facts (NVIDIA/k8s-device-plugin v0.20.0): internal/lm/resource.go baseLabeler sets
 <resource>.product/.count/.replicas/.sharing-strategy, "none" unless replicas > 1, and appends "-SHARED"
 to the product of a replicated GPU (internal/lm/mig-strategy_test.go "sharing is applied to single
@@ -156,3 +159,17 @@ def _configmap() -> dict[str, Any]:
 def chart_configmap() -> dict[str, Any]:
     """The device plugin ConfigMap exactly as the chart renders it for this cluster (a copy to change)."""
     return copy.deepcopy(_configmap())
+
+
+@cache
+def _dashboards() -> tuple[dict[str, Any], ...]:
+    found = render_chart(["--set", "monitoring.dashboards.enabled=true",
+                          "--show-only", "templates/monitoring/dashboards.yaml"])
+    assert {d["kind"] for d in found} == {"ConfigMap"}
+    return tuple(found)
+
+
+def chart_dashboards() -> list[dict[str, Any]]:
+    """The chart's Grafana dashboard ConfigMaps (monitoring.dashboards.enabled=true) as it renders them for
+    this cluster, in namespace gpu-stack (copies to change)."""
+    return copy.deepcopy(list(_dashboards()))

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
 from gpu_stack_webhook.inspect.records import MpsLimits, NodeRecord, Report
+from gpu_stack_webhook.inspect.render import render
 from gpu_stack_webhook.policy.config import ConfigError
 from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 
@@ -112,6 +113,38 @@ def test_pod_requests_count_like_the_scheduler() -> None:
     assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 4}  # 1 sidecar + 1 + 2
 
 
+def test_pod_overhead_is_added_after_the_init_container_peak() -> None:
+    # component-helpers resource/helpers.go PodRequests: max(containers + sidecars, init peak), then
+    # spec.overhead on top (the RuntimeClass's), not overhead into the sum before the max.
+    gpu = "nvidia.com/gpu"
+    spec = {"initContainers": [{"name": "setup", "resources": {"limits": {gpu: "3"}}}],
+            "containers": [{"name": "main", "resources": {"limits": {gpu: "1"}}}],
+            "overhead": {gpu: "1", "cpu": "250m"}}
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {gpu: 4}
+
+
+def test_a_limit_alone_is_the_request_and_requests_win_when_both_are_set() -> None:
+    mig = "nvidia.com/mig-1g.5gb"
+    spec = {"containers": [{"name": "a", "resources": {"limits": {mig: "2"}}},
+                           {"name": "b", "resources": {"requests": {mig: "1"}, "limits": {mig: "1"}}}]}
+    assert pod_requests(spec, lambda r: r.startswith("nvidia.com/")) == {mig: 3}
+
+
+def test_names_from_the_sharing_configs_are_gpus() -> None:
+    # An older device plugin honoured `rename`: the webhook's rules count the renamed resource as a GPU,
+    # and so does inspect when it has read the configs.
+    config = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+              "    - {name: nvidia.com/gpu, rename: nvidia.com/gpu-ts, replicas: 4}\n")
+    sharing = sharing_from_configmap({"only": config})
+    renamed = "nvidia.com/gpu-ts"
+    nodes = [node("n", {"nvidia.com/gpu.present": "true"}, {renamed: 4})]
+    pods = [pod("a", "p", "n", [container("c", {renamed: 1})])]
+    (with_configs,) = build_report(nodes, pods, sharing).nodes
+    assert usage(with_configs) == {renamed: (4, 4, 1, 3)}
+    (without,) = build_report(nodes, pods).nodes
+    assert usage(without) == {}
+
+
 def test_namespace_limits_holders_not_counts() -> None:
     report = build_report(NODES, PODS, holder_namespace="vision")
     nodes = records(report)
@@ -140,3 +173,42 @@ def test_unusable_configmap_is_a_config_error(data: dict[str, str]) -> None:
 def test_single_config_is_the_default_without_annotation() -> None:
     index = sharing_from_configmap({"only": "version: v1\nflags: {migStrategy: single}\n"})
     assert index.default == "only"
+
+
+def _slice(node_name: str, devices: list[str], generation: int = 1, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    # The shape kubernetes-sigs/dra-driver-nvidia-gpu's gpu-kubelet-plugin publishes (driver.go publishResources:
+    # one pool per node, named after it; deviceinfo.go GpuInfo.GetDevice: gpu-<minor>, attributes type, productName).
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "spec": {"driver": driver, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": d, "attributes": {"type": {"string": "gpu"},
+                                                            "productName": {"string": "NVIDIA A100-SXM4-40GB"}}}
+                                 for d in devices]}}
+
+
+def _claim(namespace: str, name: str, node_name: str, device: str, pods: list[str]) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node_name, "device": device}]}},
+                "reservedFor": [{"resource": "pods", "name": p, "uid": "u"} for p in pods]}}
+
+
+def test_dra_devices_allocated_by_claims_and_free() -> None:
+    dra_node = node("dra-1", {}, {})  # no device plugin, no GFD labels: a DRA-only GPU node
+    slices = [_slice("dra-1", ["gpu-0", "gpu-1"], generation=2), _slice("dra-1", ["gpu-9"], generation=1),
+              _slice("dra-1", ["nic-0"], driver="example.com/nic")]
+    claims = [_claim("ml", "trainer-gpu-x7", "dra-1", "gpu-1", ["trainer"]), {"metadata": {"name": "pending"}}]
+    report = build_report([dra_node, NODES[-1]], [], resource_slices=slices, resource_claims=claims)
+    (record,) = report.nodes  # the CPU worker has no slices: still not a GPU node
+    assert [(d.name, d.type, d.product, d.claim, d.pods) for d in record.dra] == [
+        ("gpu-0", "gpu", "NVIDIA A100-SXM4-40GB", None, ()),
+        ("gpu-1", "gpu", "NVIDIA A100-SXM4-40GB", "ml/trainer-gpu-x7", ("ml/trainer",))]  # gen 1 and the NIC: not
+    assert report.dra_devices == (2, 1)
+    assert report.to_dict()["summary"]["draDevices"] == {"published": 2, "allocated": 1, "free": 1}
+    table = render(report, "table")
+    assert (
+        "  DRA DEVICE   DRIVER           POOL    TYPE   PRODUCT                 CLAIM               PODS\n"
+        "  gpu-0        gpu.nvidia.com   dra-1   gpu    NVIDIA A100-SXM4-40GB   free                -\n"
+        "  gpu-1        gpu.nvidia.com   dra-1   gpu    NVIDIA A100-SXM4-40GB   ml/trainer-gpu-x7   ml/trainer\n"
+    ) in table
+    assert table.endswith("1 GPU node, 0 GPUs; DRA devices free: 1/2; 0 pods holding GPU resources\n")

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
-from gpu_stack_webhook.inspect.model import build_report, sharing_from_configmap
+from gpu_stack_webhook.inspect.model import build_report, dashboards, sharing_from_configmap
 from gpu_stack_webhook.settings import load_terminal_settings
-from inspect_cluster import NODES, PODS, chart_configmap, node
+from inspect_cluster import NODES, PODS, chart_configmap, chart_dashboards, node
 
 HERE = Path(__file__).parent
 SCHEMA = Path(inspect_records.__file__).with_name("inspect-v1.schema.json")
@@ -25,6 +25,7 @@ EXPECTED_JSON = (HERE / "expected-4node.json").read_text()
 def report(**kwargs: object) -> inspect_records.Report:
     cm = chart_configmap()
     sharing = sharing_from_configmap(cm["data"], cm["metadata"]["annotations"]["gpu-stack.io/default-config"])
+    kwargs.setdefault("dashboards", dashboards("gpu-stack", chart_dashboards()))
     return build_report(NODES, PODS, sharing, **kwargs)  # type: ignore[arg-type]
 
 
@@ -94,6 +95,36 @@ def test_notes_and_empty_cluster() -> None:
         "No GPU nodes found.\n0 GPU nodes, 0 GPUs; 0 pods holding GPU resources\n")
 
 
+def test_dashboards_none_installed_and_not_looked_up() -> None:
+    text = inspect_render.render(report(dashboards=dashboards("gpu-stack", [])), "table")
+    assert ("\nno dashboards installed in namespace gpu-stack (monitoring.dashboards.enabled=false)\n\n4 GPU nodes"
+            in text)
+    assert json.loads(inspect_render.render(report(dashboards=dashboards("gpu-stack", [])), "json"))["dashboards"] == {
+        "namespace": "gpu-stack", "items": []}
+    unread = inspect_render.render(report(dashboards=None, notes=["dashboards not looked up (forbidden)"]), "json")
+    assert json.loads(unread)["dashboards"] is None
+    jsonschema.validate(json.loads(unread), json.loads(SCHEMA.read_text()))
+
+
+def test_grafana_operator_dashboards_and_a_custom_namespace() -> None:
+    (cm, *_) = chart_dashboards()
+    operator = {"apiVersion": "grafana.integreatly.org/v1beta1", "kind": "GrafanaDashboard",
+                "metadata": {"name": "gpu-stack-dashboard-admission", "namespace": "grafana"},
+                "spec": {"folder": "GPU", "json": cm["data"]["gpu-stack-admission.json"]}}
+    cm["metadata"]["namespace"] = "grafana"
+    cm["metadata"]["annotations"] = {"meta.helm.sh/release-name": "gpu-stack", "k8s-sidecar-target-directory": "/gpu"}
+    found = dashboards("grafana", [cm], [operator])
+    text = inspect_render.render(report(dashboards=found), "table")
+    assert (
+        "dashboards in namespace grafana (Grafana)\n"
+        "  NAME                            KIND               FOLDER   UID                   TITLE\n"
+        "  gpu-stack-dashboard-admission   ConfigMap          /gpu     gpu-stack-admission   gpu-stack / Admission\n"
+        "  gpu-stack-dashboard-admission   GrafanaDashboard   GPU      gpu-stack-admission   gpu-stack / Admission\n"
+    ) in text
+    jsonschema.validate(json.loads(inspect_render.render(report(dashboards=found), "json")),
+                        json.loads(SCHEMA.read_text()))
+
+
 def test_colour_codes_wrap_padded_cells() -> None:
     text = inspect_render.render(report(), "table", color=True)
     assert "\x1b[1mgpu-a100-mig\x1b[0m   1x NVIDIA-A100-SXM4-40GB" in text
@@ -130,7 +161,7 @@ def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, mode: str, e
 
 
 @pytest.mark.parametrize("path", [(), ("nodes", 0), ("nodes", 0, "resources", 0), ("nodes", 0, "pods", 0),
-                                  ("summary",)])
+                                  ("summary",), ("dashboards",), ("dashboards", "items", 0)])
 def test_schema_rejects_unknown_fields(path: tuple[object, ...]) -> None:
     doc = json.loads(EXPECTED_JSON)
     target = doc

@@ -62,3 +62,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-stack.inspectClusterRoleName" -}}
 {{- include "gpu-stack.componentName" (dict "root" . "component" "inspect") }}
 {{- end }}
+
+{{/* Where `kubectl gpu-stack inspect` looks for the dashboards (and its Role lives): monitoring.dashboards.namespace
+when the dashboards are on and it is set, else the release namespace. */}}
+{{- define "gpu-stack.inspectDashboardsNamespace" -}}
+{{- $d := .Values.monitoring.dashboards }}
+{{- if and $d.enabled $d.namespace }}{{ $d.namespace }}{{ else }}{{ .Release.Namespace }}{{ end }}
+{{- end }}

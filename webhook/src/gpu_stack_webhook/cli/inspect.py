@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configmap", default="gpu-stack-device-plugin-configs",
                         help="the chart's device plugin ConfigMap, <fullname>-device-plugin-configs "
                              "(default %(default)s)")
+    parser.add_argument("--dashboards-namespace", metavar="NAMESPACE",
+                        help="where the chart's Grafana dashboards are (monitoring.dashboards.namespace; "
+                             "default: --configmap-namespace)")
     parser.add_argument("--chunk-size", type=_positive, default=inspect_kube.DEFAULT_CHUNK_SIZE,
                         help="objects per list request (default %(default)s)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
     """`api`: an already configured kubernetes ApiClient (tests); else the user's kubeconfig."""
     query = inspect_kube.Query(nodes=tuple(args.node), node_selector=args.selector, namespace=args.namespace,
                                configmap_namespace=args.configmap_namespace, configmap_name=args.configmap,
-                               chunk_size=args.chunk_size)
+                               dashboards_namespace=args.dashboards_namespace, chunk_size=args.chunk_size)
     try:
         api = api or inspect_kube.api_client(args.kubeconfig, args.context)
         snapshot = inspect_kube.fetch(api, query)
@@ -73,8 +76,12 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
             sharing = inspect_model.sharing_from_configmap(snapshot.configs, snapshot.default_config)
         except ConfigError as exc:
             notes.append(f"ConfigMap {query.configmap_namespace}/{query.configmap_name}: {exc}")
+    dashboards = None if snapshot.dashboards is None else inspect_model.dashboards(
+        query.dashboards_in, *snapshot.dashboards)
     report = inspect_model.build_report(snapshot.nodes, snapshot.pods, sharing, holder_namespace=args.namespace,
-                                        notes=notes)
+                                        notes=notes, dashboards=dashboards,
+                                        resource_slices=snapshot.resource_slices,
+                                        resource_claims=snapshot.resource_claims)
     color = args.output in ("table", "wide") and inspect_render.color_wanted(
         args.color, sys.stdout, load_terminal_settings())
     sys.stdout.write(inspect_render.render(report, args.output, color=color))

@@ -9,25 +9,43 @@ and the device plugin configs the chart rendered into one record per GPU node:
   `nvidia.com/device-plugin.config` selects (else the default config), and per resource the strategy
   and replicas that config sets (parsed by `sharing.SharingIndex`, the webhook's own parser).
 - MIG: GFD's `nvidia.com/mig.strategy`, and the MIG manager's `nvidia.com/mig.config` / `.config.state`.
-- Every GPU-like resource (policy `gpuResources`: by default any `nvidia.com/` name) in the node's
-  capacity or allocatable or requested by a pod on it: capacity, allocatable, requested, free.
+- Every GPU resource (policy `gpuResources`: by default nvidia.com/gpu, nvidia.com/gpu.shared and
+  nvidia.com/mig-<profile>; plus every name the sharing configs give) in the node's capacity or
+  allocatable or requested by a pod on it: capacity, allocatable, requested (what the scheduler counts:
+  `pod_requests`, summed over the pods bound to the node that have not finished) and free
+  (allocatable - requested, the room the scheduler's NodeResourcesFit sees).
 - MPS per-client limits: the MPS control daemon gives each of the N replicas of a GPU 1/N of its memory
   and 100/N percent of its threads (see tests/inspect/test_inspect_model.py for the upstream source).
 - The pods holding them: every container that requests a GPU resource, in pods bound to the node that
   have not finished (Succeeded and Failed pods hold nothing).
+
+- DRA devices (`dra_devices`): what the NVIDIA DRA driver publishes for the node in ResourceSlices, and
+  the ResourceClaim (and its pods) each device is allocated to.
+- The chart's Grafana dashboards (`dashboards`): its dashboard ConfigMaps and GrafanaDashboards in the
+  release (or monitoring.dashboards) namespace, with uid and title from the dashboard JSON and the folder.
 
 The records and their `-o json` / `-o yaml` shape (versioned, inspect-v1.schema.json) are in records.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import Holder, MpsLimits, NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.inspect.records import (
+    Dashboard,
+    Dashboards,
+    DraDevice,
+    Holder,
+    MpsLimits,
+    NodeRecord,
+    Report,
+    ResourceUse,
+)
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
 from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
@@ -54,6 +72,103 @@ def sharing_from_configmap(data: Mapping[str, str], default_config: str | None =
         raise ConfigError("the device plugin ConfigMap holds no config")
     default = default_config if default_config in configs else next(iter(configs))
     return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, default_config=default)))
+
+
+# --- the chart's Grafana dashboards ----------------------------------------------------------------------
+
+# Where the folder is read from a ConfigMap: the chart's default monitoring.dashboards.folderAnnotation,
+# then the Grafana sidecar's own default (kiwigrid k8s-sidecar FOLDER_ANNOTATION).
+FOLDER_ANNOTATIONS = ("grafana_folder", "k8s-sidecar-target-directory")
+
+
+def _dashboard_json(text: Any) -> tuple[str | None, str | None]:
+    try:
+        doc = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None, None
+    uid, title = doc.get("uid"), doc.get("title")
+    return (uid if isinstance(uid, str) else None), (title if isinstance(title, str) else None)
+
+
+def dashboards(namespace: str, configmaps: Iterable[Mapping[str, Any]],
+               grafana_dashboards: Iterable[Mapping[str, Any]] = ()) -> Dashboards:
+    """The chart's dashboards as found in `namespace`: one per `*.json` key of its dashboard ConfigMaps
+    (what Grafana's sidecar imports), and one per GrafanaDashboard (what grafana-operator imports);
+    sorted by kind, then name."""
+    found: list[Dashboard] = []
+    for cm in configmaps:
+        meta = _dict(cm.get("metadata"))
+        annotations = _dict(meta.get("annotations"))
+        folder = next((str(annotations[k]) for k in FOLDER_ANNOTATIONS if k in annotations), None)
+        for key, text in sorted(_dict(cm.get("data")).items()):
+            if str(key).endswith(".json"):
+                uid, title = _dashboard_json(text)
+                found.append(Dashboard("ConfigMap", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
+                                       uid, title, folder))
+    for gd in grafana_dashboards:
+        meta, spec = _dict(gd.get("metadata")), _dict(gd.get("spec"))
+        uid, title = _dashboard_json(spec.get("json"))
+        folder = spec.get("folder")
+        found.append(Dashboard("GrafanaDashboard", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
+                               uid, title, folder if isinstance(folder, str) else None))
+    return Dashboards(namespace, tuple(sorted(found, key=lambda d: (d.kind, d.name, d.uid or ""))))
+
+
+# --- DRA: devices from ResourceSlices, allocations from ResourceClaims -----------------------------------
+
+# The NVIDIA DRA driver's GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin: DriverName).
+DRA_DRIVERS = ("gpu.nvidia.com",)
+
+
+def _attribute(device: Mapping[str, Any], name: str) -> str | None:
+    value = _dict(_dict(device.get("attributes")).get(name))
+    for kind in ("string", "version", "int", "bool"):
+        if kind in value:
+            return str(value[kind])
+    return None
+
+
+def dra_devices(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
+                drivers: Iterable[str] = DRA_DRIVERS) -> dict[str, list[DraDevice]]:
+    """node -> the DRA devices of `drivers` published for it, each with the ResourceClaim allocated to it.
+
+    As the scheduler reads them (resource.k8s.io/v1): a slice belongs to a node by spec.nodeName; of a pool
+    only the slices of its newest spec.pool.generation count; a device is allocated when a claim's
+    status.allocation.devices.results names its driver, pool and device; the claim's status.reservedFor
+    lists the pods using it."""
+    wanted = set(drivers)
+    node_slices = [s for s in slices if _dict(s.get("spec")).get("driver") in wanted
+                   and _dict(s.get("spec")).get("nodeName")]
+    newest: dict[tuple[str, str], int] = {}
+    for sl in node_slices:
+        spec = _dict(sl.get("spec"))
+        key = (str(spec["driver"]), str(_dict(spec.get("pool")).get("name", "")))
+        newest[key] = max(newest.get(key, 0), _int(_dict(spec.get("pool")).get("generation")) or 0)
+    holders: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
+    for claim in claims:
+        meta, status = _dict(claim.get("metadata")), _dict(claim.get("status"))
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        pods = tuple(sorted(f"{meta.get('namespace', '')}/{r.get('name', '')}"
+                            for r in status.get("reservedFor") or [] if _dict(r).get("resource") == "pods"))
+        for entry in _dict(_dict(status.get("allocation")).get("devices")).get("results") or []:
+            result = _dict(entry)
+            holders[(str(result.get("driver")), str(result.get("pool")), str(result.get("device")))] = (name, pods)
+    by_node: dict[str, list[DraDevice]] = {}
+    for sl in node_slices:
+        spec = _dict(sl.get("spec"))
+        driver, pool = str(spec["driver"]), _dict(spec.get("pool"))
+        pool_name = str(pool.get("name", ""))
+        if (_int(pool.get("generation")) or 0) < newest[(driver, pool_name)]:
+            continue  # an older generation of the pool, being replaced: the scheduler ignores it
+        for entry in spec.get("devices") or []:
+            device = _dict(entry)
+            name = str(device.get("name", ""))
+            holder, pods = holders.get((driver, pool_name, name), (None, ()))
+            by_node.setdefault(str(spec["nodeName"]), []).append(DraDevice(
+                driver, pool_name, name, _attribute(device, "type"), _attribute(device, "productName"), holder, pods))
+    return {node: sorted(devices, key=lambda d: (d.driver, d.pool, d.name)) for node, devices in by_node.items()}
 
 
 # --- building -----------------------------------------------------------------------------------------
@@ -96,8 +211,10 @@ def _requests(container: Mapping[str, Any]) -> dict[str, int]:
 
 
 def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict[str, int]:
-    """What the scheduler counts against the node for each GPU resource: the larger of the sum over
-    containers and sidecars, and each init container plus the sidecars started before it."""
+    """What the scheduler counts against the node for each GPU resource (k8s.io/component-helpers
+    resource/helpers.go PodRequests, which the NodeResourcesFit plugin and the scheduler cache use): the
+    larger of the sum over containers and sidecars, and each init container plus the sidecars started
+    before it; then the pod overhead (spec.overhead, from its RuntimeClass) on top."""
     total: dict[str, int] = {}
     peak: dict[str, int] = {}
     sidecars: dict[str, int] = {}
@@ -111,11 +228,11 @@ def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict
                 total[name] = total.get(name, 0) + amount
                 if kind == "sidecar":
                     sidecars[name] = sidecars.get(name, 0) + amount
+    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in set(total) | set(peak)}
     for name, amount in _dict(spec.get("overhead")).items():
         if is_gpu(name):
-            total[name] = total.get(name, 0) + _quantity(amount)
-    merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in sorted(set(total) | set(peak))}
-    return {n: amount for n, amount in merged.items() if amount}
+            merged[name] = merged.get(name, 0) + _quantity(amount)
+    return {n: amount for n, amount in sorted(merged.items()) if amount}
 
 
 def _is_gpu_node(labels: Mapping[str, str], gpu_resources: Iterable[str]) -> bool:
@@ -172,15 +289,20 @@ def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> 
 
 def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                  sharing: SharingIndex | None = None, *, gpu_resources: GpuResources | None = None,
-                 holder_namespace: str | None = None, notes: Iterable[str] = ()) -> Report:
+                 holder_namespace: str | None = None, notes: Iterable[str] = (),
+                 dashboards: Dashboards | None = None, resource_slices: Iterable[Mapping[str, Any]] = (),
+                 resource_claims: Iterable[Mapping[str, Any]] = ()) -> Report:
     """One record per GPU node, sorted by name. Pods on nodes not given are ignored; with
     `holder_namespace` only that namespace's pods are listed as holders (all pods still count)."""
-    is_gpu = (gpu_resources or GpuResources()).is_gpu
+    # Names a sharing config gives (renames, <name>.shared) are GPUs too, as for the webhook's rules.
+    is_gpu = (gpu_resources.is_gpu if gpu_resources is not None else
+              sharing.is_gpu if sharing is not None else GpuResources().is_gpu)
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
         node_name = _dict(pod.get("spec")).get("nodeName")
         if node_name and _dict(pod.get("status")).get("phase") not in FINISHED_PHASES:
             by_node.setdefault(node_name, []).append(pod)
+    dra = dra_devices(resource_slices, resource_claims)
     records, other = [], 0
     for node in sorted(nodes, key=lambda n: str(_dict(n.get("metadata")).get("name", ""))):
         meta, status = _dict(node.get("metadata")), _dict(node.get("status"))
@@ -200,7 +322,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
                 Holder(str(pmeta.get("namespace", "")), str(pmeta.get("name", "")), cname, kind, res, amount, phase)
                 for kind, cname, reqs in _containers(spec) for res, amount in reqs.items() if is_gpu(res) and amount)
         names = sorted({n for n in (*capacity, *allocatable) if is_gpu(n)} | set(requested))
-        if not _is_gpu_node(labels, names):
+        if not _is_gpu_node(labels, names) and name not in dra:
             other += 1
             continue
         config, node_notes = _node_config(labels, sharing)
@@ -220,8 +342,10 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             resources=resources,
             holders=tuple(holders),
             notes=tuple(node_notes + _node_notes(labels, resources)),
+            dra=tuple(dra.get(name, ())),
         ))
-    return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace)
+    return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace,
+                  dashboards=dashboards)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -45,6 +45,23 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class DraDevice:
+    """A device a DRA driver publishes for the node in a ResourceSlice, and the claim it is allocated to."""
+
+    driver: str
+    pool: str
+    name: str
+    type: str | None  # the driver's `type` attribute: gpu, mig, vfio, ...
+    product: str | None  # `productName`
+    claim: str | None  # namespace/name of the ResourceClaim whose allocation names it; None: free
+    pods: tuple[str, ...] = ()  # namespace/name of the pods the claim is reserved for
+
+    @property
+    def allocated(self) -> bool:
+        return self.claim is not None
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     name: str
     product: str | None
@@ -60,6 +77,23 @@ class NodeRecord:
     resources: tuple[ResourceUse, ...]
     holders: tuple[Holder, ...]
     notes: tuple[str, ...] = ()
+    dra: tuple[DraDevice, ...] = ()  # DRA devices published for the node (ResourceSlices)
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    kind: str  # ConfigMap (Grafana's dashboard sidecar) | GrafanaDashboard (grafana-operator)
+    namespace: str
+    name: str
+    uid: str | None  # from the dashboard JSON; None when it cannot be read
+    title: str | None
+    folder: str | None  # the folder annotation (ConfigMap) or spec.folder (GrafanaDashboard)
+
+
+@dataclass(frozen=True)
+class Dashboards:
+    namespace: str  # where they were looked for (monitoring.dashboards.namespace, else the release's)
+    items: tuple[Dashboard, ...]
 
 
 @dataclass(frozen=True)
@@ -68,6 +102,7 @@ class Report:
     other_nodes: int  # nodes listed that carry no GPU
     notes: tuple[str, ...] = ()
     holder_namespace: str | None = None  # holders listed from this namespace only
+    dashboards: Dashboards | None = None  # None: not looked up (forbidden, or not asked)
     totals: tuple[ResourceUse, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +121,12 @@ class Report:
         return sum(node.gpu_count or 0 for node in self.nodes)
 
     @property
+    def dra_devices(self) -> tuple[int, int]:
+        """(published, allocated) DRA devices on the nodes listed."""
+        devices = [d for node in self.nodes for d in node.dra]
+        return len(devices), sum(1 for d in devices if d.allocated)
+
+    @property
     def holding_pods(self) -> int:
         return len({(h.namespace, h.pod) for node in self.nodes for h in node.holders})
 
@@ -100,8 +141,15 @@ class Report:
                 "holdingPods": self.holding_pods,
                 "holderNamespace": self.holder_namespace,
                 "resources": [_usage_dict(r) for r in self.totals],
+                "draDevices": {"published": self.dra_devices[0], "allocated": self.dra_devices[1],
+                               "free": self.dra_devices[0] - self.dra_devices[1]},
             },
             "notes": list(self.notes),
+            "dashboards": None if self.dashboards is None else {
+                "namespace": self.dashboards.namespace,
+                "items": [{"kind": d.kind, "namespace": d.namespace, "name": d.name, "uid": d.uid, "title": d.title,
+                           "folder": d.folder} for d in self.dashboards.items],
+            },
         }
 
 
@@ -129,4 +177,6 @@ def _node_dict(node: NodeRecord) -> dict[str, Any]:
                   "containerType": h.container_type, "resource": h.resource, "amount": h.amount,
                   "phase": h.phase} for h in node.holders],
         "notes": list(node.notes),
+        "draDevices": [{"driver": d.driver, "pool": d.pool, "name": d.name, "type": d.type, "product": d.product,
+                        "claim": d.claim, "pods": list(d.pods)} for d in node.dra],
     }

@@ -13,7 +13,7 @@ from typing import IO
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.inspect.records import Dashboards, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -138,8 +138,22 @@ def render_node(node: NodeRecord, wide: bool, paint: _Paint) -> list[str]:
         lines += _table(header, rows, paint)
     else:
         lines.append("  no pods hold GPU resources")
+    if node.dra:
+        rows = [[d.name, d.driver, d.pool, _opt(d.type), _opt(d.product), _opt(d.claim, "free"),
+                 ", ".join(d.pods) or "-"] for d in node.dra]
+        colors = [["", "", "", "", "", "" if d.allocated else GREEN, ""] for d in node.dra]
+        lines += _table(["DRA DEVICE", "DRIVER", "POOL", "TYPE", "PRODUCT", "CLAIM", "PODS"], rows, paint, colors)
     lines += [f"  {paint('note', YELLOW)}: {note}" for note in node.notes]
     return lines
+
+
+def render_dashboards(dashboards: Dashboards, paint: _Paint) -> list[str]:
+    if not dashboards.items:
+        return [f"no dashboards installed in namespace {dashboards.namespace} (monitoring.dashboards.enabled=false)"]
+    rows = [[d.name if d.namespace == dashboards.namespace else f"{d.namespace}/{d.name}", d.kind,
+             _opt(d.folder), _opt(d.uid), _opt(d.title)] for d in dashboards.items]
+    return [f"{paint('dashboards', BOLD)} in namespace {dashboards.namespace} (Grafana)",
+            *_table(["NAME", "KIND", "FOLDER", "UID", "TITLE"], rows, paint)]
 
 
 def summary_line(report: Report) -> str:
@@ -147,6 +161,9 @@ def summary_line(report: Report) -> str:
     text = f"{nodes} GPU node{'s' if nodes != 1 else ''}, {report.gpus} GPU{'s' if report.gpus != 1 else ''}"
     if report.totals:
         text += "; free: " + ", ".join(f"{r.name} {r.free}/{r.allocatable}" for r in report.totals)
+    published, allocated = report.dra_devices
+    if published:
+        text += f"; DRA devices free: {published - allocated}/{published}"
     pods = report.holding_pods
     where = f" in namespace {report.holder_namespace}" if report.holder_namespace is not None else ""
     return text + f"; {pods} pod{'s' if pods != 1 else ''}{where} holding GPU resources"
@@ -159,6 +176,8 @@ def render_table(report: Report, wide: bool = False, color: bool = False) -> str
         lines += [*render_node(node, wide, paint), ""]
     if not report.nodes:
         lines.append("No GPU nodes found.")
+    if report.dashboards is not None:
+        lines += [*render_dashboards(report.dashboards, paint), ""]
     lines += [f"{paint('note', YELLOW)}: {note}" for note in report.notes]
     lines.append(paint(summary_line(report), BOLD))
     return "\n".join(lines) + "\n"

@@ -7,6 +7,12 @@ read with the user's kubeconfig through the `kubernetes` client.
   (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`), and `spec.nodeName=NODE` for `--node`.
 - The ConfigMap is read with one `get` (the chart's ClusterRole may name it in resourceNames); when it
   is missing or forbidden the report still shows what the node labels say, with a note.
+- DRA (resource.k8s.io/v1): ResourceSlices of the NVIDIA DRA driver (field selector spec.driver, and
+  spec.nodeName for one --node) and ResourceClaims in every namespace, paged. An API server that does not
+  serve resource.k8s.io/v1 answers 404: no DRA devices; a forbidden read leaves a note.
+- The chart's Grafana dashboards: its labelled ConfigMaps and grafana-operator GrafanaDashboards in the
+  dashboards namespace (a list each, label-selected; the chart's namespaced Role grants it). Forbidden
+  reads leave a note, a GrafanaDashboard API the cluster does not serve is no dashboards.
 - Every failure is an `InspectError` whose message says what to do: no kubeconfig, no answer from the
   server, credentials refused, or the verb and resource that RBAC refused.
 
@@ -33,7 +39,12 @@ DEFAULT_TIMEOUT = (5.0, 60.0)  # (connect, read) seconds per request
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 POD_FIELD_SELECTOR = f"spec.nodeName!=,{UNFINISHED}"
 DEFAULT_CONFIG_ANNOTATION = "gpu-stack.io/default-config"
-RBAC_HINT = "the chart's read-only ClusterRole (inspect.rbac.create) grants what inspect needs"
+RBAC_HINT = "the chart's read-only ClusterRole and Role (inspect.rbac.create) grant what inspect needs"
+# The chart's dashboard ConfigMaps and GrafanaDashboards (templates/monitoring/) carry its common labels.
+DASHBOARD_SELECTOR = "app.kubernetes.io/part-of=gpu-stack,app.kubernetes.io/component=monitoring"
+GRAFANA_DASHBOARDS = ("grafana.integreatly.org", "v1beta1", "grafanadashboards")
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+DRA_DRIVER = "gpu.nvidia.com"  # inspect.model.DRA_DRIVERS
 
 
 class InspectError(Exception):
@@ -47,6 +58,10 @@ class Snapshot:
     configs: Mapping[str, str] | None  # ConfigMap data, None when unavailable
     default_config: str | None
     notes: list[str] = field(default_factory=list)
+    # The chart's dashboard ConfigMaps and GrafanaDashboards; None when they could not be listed.
+    dashboards: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    resource_slices: list[dict[str, Any]] = field(default_factory=list)
+    resource_claims: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     seconds: float = 0.0
 
@@ -58,7 +73,12 @@ class Query:
     namespace: str | None = None  # --namespace: only the holders listed, not the counts
     configmap_namespace: str = "gpu-stack"
     configmap_name: str = "gpu-stack-device-plugin-configs"
+    dashboards_namespace: str | None = None  # None: configmap_namespace
     chunk_size: int = DEFAULT_CHUNK_SIZE
+
+    @property
+    def dashboards_in(self) -> str:
+        return self.dashboards_namespace or self.configmap_namespace
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
@@ -76,6 +96,7 @@ class Reader:
         from kubernetes import client  # noqa: PLC0415 - start-up time, see kube/client.py
 
         self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.host = str(api.configuration.host)
         self.timeout = timeout
         self.requests = 0
@@ -176,6 +197,48 @@ class Reader:
         return dict(body.get("data") or {}), annotations.get(DEFAULT_CONFIG_ANNOTATION), []
 
 
+    def dra(self, query: Query) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+        """(ResourceSlices of the NVIDIA DRA driver, ResourceClaims of every namespace, notes)."""
+        selector = f"spec.driver={DRA_DRIVER}"
+        if len(query.nodes) == 1:
+            selector += f",spec.nodeName={query.nodes[0]}"
+        try:
+            slices = list(self.list_all(self.custom.list_cluster_custom_object, f"resourceslices.{DRA_GROUP}",
+                                        "at the cluster scope", DRA_GROUP, DRA_VERSION, "resourceslices",
+                                        chunk_size=query.chunk_size, field_selector=selector))
+            claims = list(self.list_all(self.custom.list_cluster_custom_object, f"resourceclaims.{DRA_GROUP}",
+                                        "at the cluster scope", DRA_GROUP, DRA_VERSION, "resourceclaims",
+                                        chunk_size=query.chunk_size)) if slices else []
+        except InspectError as exc:
+            if not str(exc).startswith("forbidden"):
+                raise
+            return [], [], [f"DRA devices not read ({exc})"]
+        return slices, claims, []
+
+    def dashboards(self, query: Query) -> tuple[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None, list[str]]:
+        """(dashboard ConfigMaps, GrafanaDashboards) of the chart in the dashboards namespace, and notes."""
+        namespace = query.dashboards_in
+        scope = f"in namespace {namespace}"
+        try:
+            configmaps = list(self.list_all(self.core.list_namespaced_config_map, "configmaps", scope, namespace,
+                                            chunk_size=query.chunk_size, label_selector=DASHBOARD_SELECTOR))
+        except InspectError as exc:
+            if not str(exc).startswith("forbidden"):
+                raise
+            return None, [f"dashboards not looked up ({exc})"]
+        notes = []
+        group, version, plural = GRAFANA_DASHBOARDS
+        try:  # a cluster without grafana-operator answers 404: none
+            operator = list(self.list_all(self.custom.list_namespaced_custom_object, f"{plural}.{group}", scope,
+                                          group, version, namespace, plural, chunk_size=query.chunk_size,
+                                          label_selector=DASHBOARD_SELECTOR))
+        except InspectError as exc:
+            if not str(exc).startswith("forbidden"):
+                raise
+            operator, notes = [], [f"GrafanaDashboards not looked up ({exc})"]
+        return (configmaps, operator), notes
+
+
 _CONTINUE = re.compile(rb'"continue":("[^"\\]*")')
 
 
@@ -203,5 +266,8 @@ def fetch(api: Any, query: Query) -> Snapshot:
     nodes = reader.nodes(query)
     pods = reader.pods(query, [n["metadata"]["name"] for n in nodes]) if nodes else []
     configs, default, notes = reader.configmap(query)
-    return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default, notes=notes,
-                    requests=reader.requests, seconds=time.perf_counter() - started)
+    slices, claims, dra_notes = reader.dra(query) if nodes else ([], [], [])
+    dashboards, dashboard_notes = reader.dashboards(query)
+    return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default,
+                    notes=notes + dra_notes + dashboard_notes, dashboards=dashboards, resource_slices=slices,
+                    resource_claims=claims, requests=reader.requests, seconds=time.perf_counter() - started)
