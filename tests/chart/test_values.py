@@ -70,6 +70,8 @@ EXAMPLES: dict[str, Any] = {
     "inspect.rbac.subjects": [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}],
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
     "monitoring.prometheusRule.webhookLatencyRatio": 0.8,
+    # "" follows failurePolicy (Fail: deny), so "deny" alone changes nothing
+    "webhook.policy.dra.unresolvedClaims": "warn",
 }
 
 
