@@ -37,7 +37,7 @@ def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None
     policy = yaml.safe_load(one(objects, "ConfigMap", f"{FULLNAME}-webhook-policy")["data"]["policy.yaml"])
     expected = config_values(parse_config(policy))
     policies = find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")
-    assert len(policies) == 4 + 3
+    assert len(policies) == 5 + 3
     seen = set()
     for obj in policies:
         for variable in obj["spec"]["variables"]:
@@ -53,7 +53,14 @@ def test_both_modes_cel_render_no_webhook_at_all() -> None:
     assert _webhook_objects(objects) == []
     assert not find(objects, "ValidatingWebhookConfiguration") and not find(objects, "MutatingWebhookConfiguration")
     names = sorted(o["metadata"]["name"] for o in find(objects, "ValidatingAdmissionPolicy"))
-    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7)]
+    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7, 9)]
+    # GPU009 judges the DRA claims themselves; the others Pods and workloads.
+    rules = {o["metadata"]["name"]: o["spec"]["matchConstraints"]["resourceRules"]
+             for o in find(objects, "ValidatingAdmissionPolicy")}
+    assert rules[f"{FULLNAME}-gpu009"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                            "operations": ["CREATE", "UPDATE"],
+                                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
+    assert all(r[0]["resources"] == ["pods"] for n, r in rules.items() if n != f"{FULLNAME}-gpu009")
     assert sorted(o["spec"]["policyName"] for o in find(objects, "ValidatingAdmissionPolicyBinding")) == names
     mutating = find(objects, "MutatingAdmissionPolicy")
     assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8)]

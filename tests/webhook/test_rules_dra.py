@@ -196,7 +196,9 @@ def test_mps_through_a_dra_claim_gets_no_host_ipc_and_a_warning() -> None:
               annotations={"gpu-stack.io/mps": "true"})
     decision = decide(obj, "mutate", facts=cluster(mps=mps))
     assert decision.allowed and not decision.patch
-    assert any("DRA driver runs a control daemon per claim" in w for w in decision.warnings)
+    assert decision.warnings == ("gpu-stack GPU006: no hostIPC/MPS tolerations for MPS by DRA: the driver runs a "
+                                 'daemon per claim and mounts its pipe and shm (annotation gpu-stack.io/mps; claim '
+                                 '"gpu" (ResourceClaim "mps"))',)
     plain = pod(with_claims(container("main"), "gpu"), claims=(claim_ref("gpu", claim="gpu"),),
                 annotations={"gpu-stack.io/mps": "true"})
     assert decide(plain, "mutate", facts=cluster(gpu=GPU_SPEC)).patch  # not MPS by DRA: injected as before
@@ -234,12 +236,13 @@ def test_a_sharing_strategy_not_enabled_names_the_values_key(strategy: str, gate
 
 
 @pytest.mark.parametrize("parameters, problem", [
-    ("MPS", "parameters are not an object"),
-    ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "is not resource.nvidia.com/v1beta1"),
+    ("MPS", "parameters of driver gpu.nvidia.com are not an object"),
+    ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion is not resource.nvidia.com/v1beta1"),
     ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Mps"}},
-     "sharing strategy 'Mps' is not one of ['TimeSlicing', 'MPS']"),
+     "sharing.strategy is not TimeSlicing or MPS"),
     ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {
-        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}}, "is not a quantity"),
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}},
+     "defaultPinnedDeviceMemoryLimit is not a quantity"),
 ])
 def test_malformed_opaque_config_is_denied_saying_what(parameters: Any, problem: str) -> None:
     config = {"opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}}
@@ -260,7 +263,8 @@ def test_an_mps_claim_without_a_memory_limit_gets_the_default(mps_config: Any) -
     config = make_config(dra=MPS_ON)
     decision = decide(obj, "mutate", config=config)
     assert decision.allowed and decision.mutated == ("GPU009",)
-    assert any("defaultPinnedDeviceMemoryLimit=10Gi" in w for w in decision.warnings)
+    assert decision.warnings == ("gpu-stack GPU009: MPS claim: set mpsConfig.defaultPinnedDeviceMemoryLimit=10Gi "
+                                 "(policy default)",)
     patched = apply_patch(obj, decision.patch)
     mps = patched["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["mpsConfig"]
     assert mps == {**(mps_config or {}), "defaultPinnedDeviceMemoryLimit": "10Gi"}

@@ -90,11 +90,11 @@ class ClaimSpec:
         at = f"{at}.opaque.parameters"
         parameters = opaque.get("parameters")
         if not isinstance(parameters, dict):
-            self.problems.append((at, f"driver {DRIVER} parameters are not an object"))
+            self.problems.append((at, f"parameters of driver {DRIVER} are not an object"))
             return
-        api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
-        if api_version != CONFIG_API_VERSION:
-            self.problems.append((f"{at}.apiVersion", f"apiVersion {api_version!r} is not {CONFIG_API_VERSION}"))
+        kind = parameters.get("kind")
+        if parameters.get("apiVersion") != CONFIG_API_VERSION:
+            self.problems.append((f"{at}.apiVersion", f"apiVersion is not {CONFIG_API_VERSION}"))
             return
         if kind not in SHARING_KINDS:
             return  # VfioDeviceConfig, ComputeDomain configs: no sharing to judge
@@ -107,7 +107,7 @@ class ClaimSpec:
         strategy = sharing.get("strategy")
         if strategy not in DRA_SHARING_STRATEGIES:
             self.problems.append((f"{at}.sharing.strategy",
-                                  f"sharing strategy {strategy!r} is not one of {list(DRA_SHARING_STRATEGIES)}"))
+                                  f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"))
             return
         mps = sharing.get("mpsConfig")
         if mps is not None and not isinstance(mps, dict):
@@ -116,7 +116,7 @@ class ClaimSpec:
         limit = _dict(mps).get("defaultPinnedDeviceMemoryLimit")
         if limit is not None and not _is_quantity(limit):
             self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
-                                  f"defaultPinnedDeviceMemoryLimit {limit!r} is not a quantity"))
+                                  "defaultPinnedDeviceMemoryLimit is not a quantity"))
             return
         requests = tuple(str(r) for r in _list(entry.get("requests")))
         self.sharing.append(SharingConfig(str(strategy), limit is not None, requests, at))

@@ -90,9 +90,9 @@ def _memory_limit(path: str, desired: DesiredPod, ctx: Context) -> Finding:
     limit = ctx.config.dra.mps_default_pinned_device_memory_limit
     at = f"{path}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"
     if not (limit and ctx.can_patch):
+        # What first: kubectl shows warnings cut to 120 characters.
         return Finding(ID, Severity.WARN,
-                       "MPS claim without mpsConfig.defaultPinnedDeviceMemoryLimit: each client may take all "
-                       "the GPU's memory; set one (policy dra.mpsDefaultPinnedDeviceMemoryLimit sets a default)",
+                       "MPS claim has no mpsConfig.defaultPinnedDeviceMemoryLimit: a client may pin all GPU memory",
                        at)
     sharing = desired.edit(pointer(path) + "/sharing")
     if isinstance(sharing.get("mpsConfig"), dict):
@@ -100,6 +100,5 @@ def _memory_limit(path: str, desired: DesiredPod, ctx: Context) -> Finding:
     else:
         sharing["mpsConfig"] = {"defaultPinnedDeviceMemoryLimit": limit}
     return Finding(ID, Severity.WARN,
-                   f"MPS claim: set mpsConfig.defaultPinnedDeviceMemoryLimit={limit} (policy "
-                   f"dra.mpsDefaultPinnedDeviceMemoryLimit), the GPU memory each client may pin",
+                   f"MPS claim: set mpsConfig.defaultPinnedDeviceMemoryLimit={limit} (policy default)",
                    at, changed=True)

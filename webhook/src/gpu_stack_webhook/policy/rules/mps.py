@@ -107,8 +107,8 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
         if dra_mps:
             findings.append(Finding(
                 ID, Severity.WARN,
-                f"MPS ({reason}) by DRA {', '.join(dra_mps)}: no hostIPC/tolerations added; the DRA driver "
-                f"runs a control daemon per claim and mounts its pipe and shm", pod.path, on_mutate=True))
+                f"no hostIPC/MPS tolerations for MPS by DRA: the driver runs a daemon per claim and mounts its "
+                f"pipe and shm ({reason}; {', '.join(dra_mps)})", pod.path, on_mutate=True))
             return findings
     mps = ctx.config.mps
     opted_in = reason.startswith("annotation")
