@@ -37,7 +37,7 @@ def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None
     policy = yaml.safe_load(one(objects, "ConfigMap", f"{FULLNAME}-webhook-policy")["data"]["policy.yaml"])
     expected = config_values(parse_config(policy))
     policies = find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")
-    assert len(policies) == 5 + 3
+    assert len(policies) == 5 + 4
     seen = set()
     for obj in policies:
         for variable in obj["spec"]["variables"]:
@@ -63,7 +63,11 @@ def test_both_modes_cel_render_no_webhook_at_all() -> None:
     assert all(r[0]["resources"] == ["pods"] for n, r in rules.items() if n != f"{FULLNAME}-gpu009")
     assert sorted(o["spec"]["policyName"] for o in find(objects, "ValidatingAdmissionPolicyBinding")) == names
     mutating = find(objects, "MutatingAdmissionPolicy")
-    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8)]
+    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8, 9)]
+    gpu009 = one(objects, "MutatingAdmissionPolicy", f"{FULLNAME}-gpu009-mutate")
+    assert gpu009["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+        "resources": ["resourceclaims", "resourceclaimtemplates"]}]
     assert {o["spec"]["reinvocationPolicy"] for o in mutating} == {"IfNeeded"}
 
 

@@ -231,3 +231,22 @@ def test_both_mode_gives_the_same_verdicts_from_policies_and_webhook(cluster: E2
         assert message in proc.stderr, (case, proc.stderr)
     for case, manifest in GOOD.items():
         assert _apply(cluster, namespace, manifest).returncode == 0, case
+
+
+def test_cel_mutation_gives_an_mps_claim_the_default_memory_limit(cluster: E2ECluster, releases: Releases) -> None:
+    """GPU009's MutatingAdmissionPolicy on resource.k8s.io/v1 claims, read back from the API server."""
+    settings = {**ALL_CEL, "webhook.policy.dra.sharingStrategies": ["MPS"],
+                "webhook.policy.dra.mpsDefaultPinnedDeviceMemoryLimit": "4Gi"}
+    release, _ = releases.install(set_json=settings, webhook_image=None)
+    namespace = _no_webhook_and_enforced(cluster, release)
+    claim = _claim("mps", {"deviceClassName": "gpu.nvidia.com"}, sharing={"strategy": "MPS"})
+    deadline = time.monotonic() + 60
+    while True:  # the mutating policy takes effect once the API server's informers have it
+        cluster.kubectl("delete", "resourceclaim", "mps", "-n", namespace, "--ignore-not-found")
+        _apply(cluster, namespace, claim).check_returncode()
+        stored = cluster.get_json("resourceclaim", "mps", "-n", namespace)
+        sharing = stored["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]
+        if "mpsConfig" in sharing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sharing == {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi"}}

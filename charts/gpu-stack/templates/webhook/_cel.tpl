@@ -98,7 +98,8 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
       "draGpuClasses" ($policy.dra.gpuDeviceClasses | uniq | sortAlpha)
       "draAllocationModeAllNamespaces" ($policy.dra.allocationModeAllNamespaces | uniq | sortAlpha)
       "draAdminAccessNamespaces" ($policy.dra.adminAccessNamespaces | uniq | sortAlpha)
-      "draSharingStrategies" ($policy.dra.sharingStrategies | uniq | sortAlpha) }}
+      "draSharingStrategies" ($policy.dra.sharingStrategies | uniq | sortAlpha)
+      "draMpsDefaultLimit" $policy.dra.mpsDefaultPinnedDeviceMemoryLimit }}
 {{- toYaml $values }}
 {{- end }}
 

@@ -46,8 +46,10 @@ def evaluate_object(config: PolicyConfig, obj: Mapping[str, Any], source: str, n
     result = CelOutcome("allowed")
     target: dict[str, Any] = dict(obj)
     try:
-        if kind == "Pod":
+        if kind == "Pod" or claim:
             for mutation in mutating.POLICIES:
+                if (mutation.target == "dra") != claim:
+                    continue
                 target, ops = runtime.mutate(mutation, values, target)
                 result.patch.extend(ops)
         if result.patch:

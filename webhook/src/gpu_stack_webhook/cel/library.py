@@ -145,6 +145,7 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
         "draAllocationModeAllNamespaces": sorted(set(config.dra.allocation_mode_all_namespaces)),
         "draAdminAccessNamespaces": sorted(set(config.dra.admin_access_namespaces)),
         "draSharingStrategies": sorted(set(config.dra.sharing_strategies)),
+        "draMpsDefaultLimit": config.dra.mps_default_pinned_device_memory_limit,
     }
 
 

@@ -139,6 +139,7 @@ def document() -> dict[str, Any]:
     mutating_policies = [{
         "rule": p.rule_id,
         "name": p.name,
+        "target": p.target,
         "configVariables": list(p.config),
         "variables": _variables(p),
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": lower_binds(p.patch)}}],
