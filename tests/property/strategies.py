@@ -279,7 +279,7 @@ def review_body(obj: dict[str, Any] | None, *, operation: str = "CREATE", old: d
                 sub_resource: str = "", dry_run: bool = False, namespace: str | None = None) -> dict[str, Any]:
     source = obj if obj is not None else old or {}
     kind = str(source.get("kind", "Pod"))
-    group, _, version = API.get(kind, "v1").rpartition("/")
+    group, _, version = API.get(kind, str(source.get("apiVersion") or "v1")).rpartition("/")
     meta = source.get("metadata") or {}
     request: dict[str, Any] = {
         "uid": str(uuid.uuid4()),

@@ -298,3 +298,21 @@ def test_a_claim_without_spec_gets_a_400_not_a_crash() -> None:
     decision = decide({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                        "metadata": {"name": "x", "namespace": NS}})
     assert not decision.allowed and decision.code == 400 and not decision.crashed
+
+
+def test_claim_lookups_are_cached_and_a_failure_is_retried_after_the_error_ttl() -> None:
+    fake = FakeKube()
+    fake.claims[(NS, "gpu")] = resource_claim(GPU_SPEC, "gpu", NS)
+    now = [0.0]
+    facts = ApiFacts(fake, ttl=30, error_ttl=5, clock=lambda: now[0])
+    for _ in range(3):
+        assert decide(_privileged_claim_pod(), facts=facts).denied_by == ("GPU003",)
+    assert fake.count("read_resource_claim") == 1
+    fake.unreachable = True
+    now[0] = 31.0  # expired: asked again, unreachable, the fail-closed verdict says so
+    assert "API unreachable" in decide(_privileged_claim_pod(), facts=facts).message
+    fake.unreachable = False
+    now[0] = 33.0  # the failure is kept for error_ttl
+    assert "API unreachable" in decide(_privileged_claim_pod(), facts=facts).message
+    now[0] = 37.0
+    assert 'holding GPUs by claim "gpu" (ResourceClaim "gpu")' in decide(_privileged_claim_pod(), facts=facts).message
