@@ -316,3 +316,14 @@ def test_claim_lookups_are_cached_and_a_failure_is_retried_after_the_error_ttl()
     assert "API unreachable" in decide(_privileged_claim_pod(), facts=facts).message
     now[0] = 37.0
     assert 'holding GPUs by claim "gpu" (ResourceClaim "gpu")' in decide(_privileged_claim_pod(), facts=facts).message
+
+
+def test_a_claim_is_judged_by_its_device_class_name_whether_or_not_the_class_exists() -> None:
+    """The GPU class list is the trust boundary: a class outside it (existing or not) gives no GPU; a listed
+    one does before the driver's DeviceClass is installed (the claim then waits, as Kubernetes does)."""
+    unknown = claim_spec(exactly("gpu", "no-such-class.example.com"))
+    obj = pod(with_claims(container("main", privileged=True), "gpu"), claims=(claim_ref("gpu", claim="gpu"),))
+    assert decide(obj, facts=cluster(gpu=unknown)).allowed
+    assert decide(obj, facts=cluster(gpu=GPU_SPEC)).denied_by == ("GPU003",)  # no DeviceClass exists here
+    missing_class = claim_spec({"name": "gpu", "exactly": {"allocationMode": "All"}})  # no deviceClassName
+    assert decide(resource_claim(missing_class, namespace=NS)).allowed
