@@ -39,7 +39,7 @@ def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None
     # Not the DRA driver's ResourceSlice policy (templates/dra/, dra.enabled): it has no config variables.
     policies = [o for o in find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")
                 if o["metadata"]["name"] != f"{FULLNAME}-dra-resourceslices"]
-    assert len(policies) == 4 + 3
+    assert len(policies) == 5 + 4
     seen = set()
     for obj in policies:
         for variable in obj["spec"]["variables"]:
@@ -55,10 +55,21 @@ def test_both_modes_cel_render_no_webhook_at_all() -> None:
     assert _webhook_objects(objects) == []
     assert not find(objects, "ValidatingWebhookConfiguration") and not find(objects, "MutatingWebhookConfiguration")
     names = sorted(o["metadata"]["name"] for o in find(objects, "ValidatingAdmissionPolicy"))
-    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7)]
+    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7, 9)]
+    # GPU009 judges the DRA claims themselves; the others Pods and workloads.
+    rules = {o["metadata"]["name"]: o["spec"]["matchConstraints"]["resourceRules"]
+             for o in find(objects, "ValidatingAdmissionPolicy")}
+    assert rules[f"{FULLNAME}-gpu009"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                            "operations": ["CREATE", "UPDATE"],
+                                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
+    assert all(r[0]["resources"] == ["pods"] for n, r in rules.items() if n != f"{FULLNAME}-gpu009")
     assert sorted(o["spec"]["policyName"] for o in find(objects, "ValidatingAdmissionPolicyBinding")) == names
     mutating = find(objects, "MutatingAdmissionPolicy")
-    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8)]
+    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8, 9)]
+    gpu009 = one(objects, "MutatingAdmissionPolicy", f"{FULLNAME}-gpu009-mutate")
+    assert gpu009["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+        "resources": ["resourceclaims", "resourceclaimtemplates"]}]
     assert {o["spec"]["reinvocationPolicy"] for o in mutating} == {"IfNeeded"}
 
 

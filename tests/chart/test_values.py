@@ -72,6 +72,8 @@ EXAMPLES: dict[str, Any] = {
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
     "monitoring.prometheusRule.webhookLatencyRatio": 0.8,
     "dra.featureGates": {"MPSSupport": True},
+    # "" follows failurePolicy (Fail: deny), so "deny" alone changes nothing
+    "webhook.policy.dra.unresolvedClaims": "warn",
 }
 
 

@@ -285,6 +285,9 @@ SELF_MANAGED_CLUSTER_RULE = {"apiGroups": ["admissionregistration.k8s.io"],
                              "resourceNames": [WEBHOOK], "verbs": ["get", "patch"]}
 # nodes: a pod pinned with spec.nodeName is judged against its node's device plugin config label
 LOOKUP_CLUSTER_RULE = {"apiGroups": [""], "resources": ["configmaps", "namespaces", "nodes"], "verbs": ["get"]}
+# the ResourceClaims and ResourceClaimTemplates a pod names (DRA): do they hold GPUs? (get only)
+CLAIM_CLUSTER_RULE = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
+                      "verbs": ["get"]}
 RBAC_KINDS = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
@@ -298,7 +301,8 @@ def test_rbac_is_exactly_what_self_managed_tls_and_lookups_need() -> None:
     role = one(objs, "Role", WEBHOOK)
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == SELF_MANAGED_ROLE
-    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE,
+                                                          CLAIM_CLUSTER_RULE]
     # nothing for Secrets cluster-wide, anywhere in the webhook's rules
     cluster_resources = {r for rule in one(objs, "ClusterRole", WEBHOOK)["rules"] for r in rule["resources"]}
     assert "secrets" not in cluster_resources
@@ -311,7 +315,7 @@ def test_rbac_is_exactly_what_self_managed_tls_and_lookups_need() -> None:
 def test_rbac_follows_the_tls_mode_and_lookups() -> None:
     objs = objects(**CERT_MANAGER)
     assert not find(objs, "Role", WEBHOOK)
-    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [LOOKUP_CLUSTER_RULE]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [LOOKUP_CLUSTER_RULE, CLAIM_CLUSTER_RULE]
     objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False})
     assert _webhook_rbac(objs) == []
     assert one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
@@ -325,7 +329,8 @@ def test_rbac_values_hook() -> None:
              "verbs": ["get", "patch"]}
     objs = objects(**{"webhook.rbac.extraRules": [rule], "webhook.rbac.extraClusterRules": [crule]})
     assert one(objs, "Role", WEBHOOK)["rules"] == [*SELF_MANAGED_ROLE, rule]
-    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE, crule]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE,
+                                                          CLAIM_CLUSTER_RULE, crule]
     objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False, "webhook.rbac.extraRules": [rule],
                                       "webhook.rbac.extraClusterRules": [crule]})
     assert one(objs, "Role", WEBHOOK)["rules"] == [rule]
@@ -361,8 +366,10 @@ def test_webhook_configurations() -> None:
         assert hook["timeoutSeconds"] == 10
         assert hook["clientConfig"]["service"] == {"name": WEBHOOK, "namespace": NAMESPACE, "path": path, "port": 443}
     assert m["reinvocationPolicy"] == "IfNeeded"
-    assert _rules(m) == {("", "pods", "CREATE")}
+    claims = {("resource.k8s.io", r, "CREATE") for r in ("resourceclaims", "resourceclaimtemplates")}
+    assert _rules(m) == {("", "pods", "CREATE")} | claims
     expected = {("", "pods", "CREATE"), ("", "pods", "UPDATE"), ("", "pods/ephemeralcontainers", "UPDATE")}
+    expected |= claims | {("resource.k8s.io", r, "UPDATE") for r in ("resourceclaims", "resourceclaimtemplates")}
     expected |= {("apps", r, op) for r in ("deployments", "replicasets", "statefulsets", "daemonsets")
                  for op in ("CREATE", "UPDATE")}
     expected |= {("batch", r, op) for r in ("jobs", "cronjobs") for op in ("CREATE", "UPDATE")}

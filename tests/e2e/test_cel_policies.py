@@ -34,6 +34,16 @@ def _deployment(name: str, pod: dict[str, Any]) -> dict[str, Any]:
                      "template": {"metadata": {"labels": {"app": name}, **pod["metadata"]}, "spec": pod["spec"]}}}
 
 
+def _claim(name: str, exactly: dict[str, Any], *, template: bool = False,
+           sharing: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if sharing:
+        spec["devices"]["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate" if template else "ResourceClaim",
+            "metadata": {"name": name}, "spec": {"spec": spec} if template else spec}
+
+
 GPU = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
 # A GPU pod: in the chart's default runtime-class layout only GPU pods run under the NVIDIA runtime (GPU002).
 ENV = {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}], **GPU}
@@ -54,8 +64,23 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
                 "(metadata.annotations[cdi.k8s.io/gpu])"),
     "cdi-deployment": (_deployment("cdi", _pod("cdi", {}, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"})),
                        "GPU007 annotation \"cdi.k8s.io/gpu\" requests CDI devices directly"),
+    # DRA: what CEL can see of a pod (a deviceclass resource of a GPU class) and GPU009 on the claims.
+    "deviceclass-privileged-pod": (
+        _pod("dcpriv", {"resources": {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": 1}},
+                        "securityContext": {"privileged": True}}),
+        'GPU003 container "main" is privileged in a pod holding GPUs by '
+        "deviceclass.resource.kubernetes.io/gpu.nvidia.com and would see every GPU on the node"),
+    "allocation-all-claim": (
+        _claim("all", {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}),
+        'GPU009 request "gpu" asks for allocationMode All of DeviceClass gpu.nvidia.com (every matching GPU of a '
+        "node)"),
+    "mps-claim-template": (
+        _claim("mps", {"deviceClassName": "mig.nvidia.com"}, template=True, sharing={"strategy": "MPS"}),
+        "GPU009 GPU sharing strategy MPS is not enabled for the NVIDIA DRA driver; set "
+        "webhook.policy.dra.sharingStrategies to include MPS"),
 }
 GOOD = {
+    "gpu-claim": _claim("one", {"deviceClassName": "gpu.nvidia.com"}),
     "gpu-pod": _pod("gpu", GPU),
     "gpu-deployment": _deployment("gpu", _pod("gpu", GPU)),
     "plain-pod": _pod("plain", {"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]}),
@@ -208,3 +233,22 @@ def test_both_mode_gives_the_same_verdicts_from_policies_and_webhook(cluster: E2
         assert message in proc.stderr, (case, proc.stderr)
     for case, manifest in GOOD.items():
         assert _apply(cluster, namespace, manifest).returncode == 0, case
+
+
+def test_cel_mutation_gives_an_mps_claim_the_default_memory_limit(cluster: E2ECluster, releases: Releases) -> None:
+    """GPU009's MutatingAdmissionPolicy on resource.k8s.io/v1 claims, read back from the API server."""
+    settings = {**ALL_CEL, "webhook.policy.dra.sharingStrategies": ["MPS"],
+                "webhook.policy.dra.mpsDefaultPinnedDeviceMemoryLimit": "4Gi"}
+    release, _ = releases.install(set_json=settings, webhook_image=None)
+    namespace = _no_webhook_and_enforced(cluster, release)
+    claim = _claim("mps", {"deviceClassName": "gpu.nvidia.com"}, sharing={"strategy": "MPS"})
+    deadline = time.monotonic() + 60
+    while True:  # the mutating policy takes effect once the API server's informers have it
+        cluster.kubectl("delete", "resourceclaim", "mps", "-n", namespace, "--ignore-not-found")
+        _apply(cluster, namespace, claim).check_returncode()
+        stored = cluster.get_json("resourceclaim", "mps", "-n", namespace)
+        sharing = stored["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]
+        if "mpsConfig" in sharing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sharing == {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi"}}

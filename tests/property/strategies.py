@@ -47,6 +47,9 @@ arbitrary_json = st.recursive(
 RESOURCE_NAMES = (
     "nvidia.com/gpu", "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb", "nvidia.com/mig-3g.20gb",
     "nvidia.com/mig-7g.80gb", "nvidia.com/vgpu", "cpu", "memory", "example.com/fpga",
+    # KEP-5004 DRA extended resources: GPU DeviceClasses (policy dra.gpuDeviceClasses) and another one.
+    "deviceclass.resource.kubernetes.io/gpu.nvidia.com", "deviceclass.resource.kubernetes.io/mig.nvidia.com",
+    "deviceclass.resource.kubernetes.io/nic.example.com",
 )
 QUANTITIES = (
     1, "1", "1000m", "2", 2, 0, "0", "500m", "1.5", 1.5, "1e0", "1k", "2Ki", "10", 4, "0.0", "+1", "01", "3000m",
@@ -276,7 +279,7 @@ def review_body(obj: dict[str, Any] | None, *, operation: str = "CREATE", old: d
                 sub_resource: str = "", dry_run: bool = False, namespace: str | None = None) -> dict[str, Any]:
     source = obj if obj is not None else old or {}
     kind = str(source.get("kind", "Pod"))
-    group, _, version = API.get(kind, "v1").rpartition("/")
+    group, _, version = API.get(kind, str(source.get("apiVersion") or "v1")).rpartition("/")
     meta = source.get("metadata") or {}
     request: dict[str, Any] = {
         "uid": str(uuid.uuid4()),
@@ -335,3 +338,72 @@ def corrupted(draw: st.DrawFn, base: st.SearchStrategy[Any]) -> Any:
             return replacement
         parent[key] = replacement
     return value
+
+
+# --- Dynamic Resource Allocation: ResourceClaims and ResourceClaimTemplates (GPU009) -------------------------
+
+DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "nic.example.com", None)
+CLAIM_NAMESPACES = ("gpu-demo", "gpu-admin", "team-a")
+MEMORY_LIMITS = ("10Gi", "512Mi", 1024, "lots", True, None, 1.5, "")
+
+
+@st.composite
+def device_request_spec(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    device_class = draw(st.sampled_from(DEVICE_CLASSES))
+    if device_class is not None:
+        spec["deviceClassName"] = device_class
+    if draw(st.booleans()):
+        spec["allocationMode"] = draw(st.sampled_from(("All", "ExactCount")))
+    if draw(st.booleans()):
+        spec["adminAccess"] = draw(st.sampled_from((True, False)))
+    return spec
+
+
+@st.composite
+def opaque_parameters(draw: st.DrawFn) -> Any:
+    shape = draw(st.integers(0, 9))
+    if shape == 0:
+        return draw(st.sampled_from(("MPS", 1, None, [])))
+    params: dict[str, Any] = {
+        "apiVersion": draw(st.sampled_from(("resource.nvidia.com/v1beta1",) * 4 + ("resource.nvidia.com/v1", None))),
+        "kind": draw(st.sampled_from(("GpuConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"))),
+    }
+    if shape == 1:
+        params["sharing"] = draw(st.sampled_from(("MPS", None, 3)))
+    elif shape > 2:
+        sharing: dict[str, Any] = {"strategy": draw(st.sampled_from(("MPS", "MPS", "TimeSlicing", "Mps", 1)))}
+        if draw(st.booleans()):
+            mps = draw(st.sampled_from(({}, {"defaultActiveThreadPercentage": 50}, "x", None)))
+            if isinstance(mps, dict) and draw(st.booleans()):
+                mps = {**mps, "defaultPinnedDeviceMemoryLimit": draw(st.sampled_from(MEMORY_LIMITS))}
+            sharing["mpsConfig"] = mps
+        params["sharing"] = sharing
+    return params
+
+
+@st.composite
+def claims(draw: st.DrawFn) -> dict[str, Any]:
+    """A ResourceClaim or ResourceClaimTemplate with GPU and other requests and NVIDIA opaque configs."""
+    requests = []
+    for i in range(draw(st.integers(0, 3))):
+        request: dict[str, Any] = {"name": f"r{i}"}
+        if draw(st.integers(0, 2)) == 0:
+            request["firstAvailable"] = [{"name": f"a{j}", **draw(device_request_spec())}
+                                         for j in range(draw(st.integers(1, 3)))]
+        else:
+            request["exactly"] = draw(device_request_spec())
+        requests.append(request)
+    config = []
+    for _ in range(draw(st.integers(0, 3))):
+        driver = draw(st.sampled_from(("gpu.nvidia.com", "gpu.nvidia.com", "nic.example.com")))
+        entry: dict[str, Any] = {"opaque": {"driver": driver, "parameters": draw(opaque_parameters())}}
+        if draw(st.booleans()):
+            entry["requests"] = [f"r{i}" for i in range(len(requests)) if draw(st.booleans())]
+        config.append(entry)
+    spec: dict[str, Any] = {"devices": {"requests": requests, **({"config": config} if config else {})}}
+    meta = {"name": "claim", "namespace": draw(st.sampled_from(CLAIM_NAMESPACES))}
+    if draw(st.booleans()):
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": meta,
+                "spec": {"spec": spec}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta, "spec": spec}

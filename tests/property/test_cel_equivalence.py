@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import counting
-from .strategies import API, pods, wrap
+from .strategies import API, claims, pods, wrap
 from .test_properties import CONFIGS, _config
 from .test_side_door_properties import capability_spellings
 
@@ -77,7 +77,10 @@ def python_denials(config: str, obj: dict[str, Any], old: dict[str, Any] | None 
 
 def cel_denials(config: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> Counter[str]:
     found: Counter[str] = Counter()
+    claim = obj["kind"] in ("ResourceClaim", "ResourceClaimTemplate")
     for policy in validating.POLICIES:
+        if (policy.target == "dra") != claim:
+            continue  # the policy's matchConstraints do not match the object
         found.update(runtime.violations(policy, _values(config), obj, old))
     return found
 
@@ -104,9 +107,32 @@ def test_cel_validation_on_update_counts_only_new_violations(pod: dict[str, Any]
     assert cel_denials(config, obj, old) == python_denials(config, obj, old)
 
 
+@FUZZ
+@given(claim=claims(), before=claims(), config=config_names, update=st.booleans())
+def test_cel_judges_dra_claims_like_the_webhook(claim: dict[str, Any], before: dict[str, Any], config: str,
+                                                update: bool) -> None:
+    """GPU009 on generated ResourceClaims and ResourceClaimTemplates: the same denial texts, CREATE and UPDATE,
+    and the same claim after the MPS memory-limit default."""
+    counting.tick()
+    old = None
+    if update:
+        old = {**before, "kind": claim["kind"], "metadata": claim["metadata"]}
+        if claim["kind"] != before["kind"]:
+            template = before["kind"] == "ResourceClaimTemplate"
+            old["spec"] = before["spec"]["spec"] if template else {"spec": before["spec"]}
+    assert cel_denials(config, claim, old) == python_denials(config, claim, old)
+    # CREATE at /mutate: the MPS memory-limit default (GPU009's MutatingAdmissionPolicy).
+    expected = jsonpatch.apply_patch(claim, _policy(config).evaluate(claim, claim["kind"], can_patch=True).patch)
+    mutated = cel_mutated(config, claim)
+    assert mutated == expected
+    assert cel_mutated(config, mutated) == mutated
+
+
 def cel_mutated(config: str, pod: dict[str, Any]) -> dict[str, Any]:
+    claim = pod["kind"] in ("ResourceClaim", "ResourceClaimTemplate")
     for policy in mutating.POLICIES:
-        pod, _ops = runtime.mutate(policy, _values(config), pod)
+        if (policy.target == "dra") == claim:
+            pod, _ops = runtime.mutate(policy, _values(config), pod)
     return pod
 
 

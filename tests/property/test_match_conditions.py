@@ -31,7 +31,7 @@ from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules.base import Context
-from gpu_stack_webhook.policy.scope import in_scope
+from gpu_stack_webhook.policy.scope import in_scope, object_in_scope
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from tests.chart.chartlib import FULLNAME, one, overlays, render
 
 from . import counting
-from .strategies import API, pods, review_body, wrap
+from .strategies import API, claims, pods, review_body, wrap
 from .test_properties import CONFIGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +66,7 @@ def _config_documents() -> dict[str, dict[str, Any]]:
     documents["mps:GPU006-disabled"] = {**CONFIGS["mps"], "nvidiaRuntimeIsDefault": False,
                                         "rules": {"disabled": ["GPU006"]}}
     documents["default:GPU002,GPU007-disabled"] = {"rules": {"disabled": ["GPU002", "GPU007"]}}
+    documents["dra:GPU009-disabled"] = {**CONFIGS["dra"], "rules": {"disabled": ["GPU009"]}}
     return documents
 
 
@@ -144,6 +145,20 @@ def test_skipped_updates_get_nothing_from_the_webhook(name: str, new: dict[str, 
     obj, previous = wrap(new, kind), wrap(old, kind)
     previous["metadata"] = dict(obj["metadata"])
     check_skipped_requests(name, obj, previous)
+
+
+@settings(max_examples=max(EXAMPLES // 10, 100))
+@given(config_names, claims())
+def test_dra_claims_are_sent_unless_gpu009_is_disabled(name: str, claim: dict[str, Any]) -> None:
+    """ResourceClaims and ResourceClaimTemplates (Signal.DRA_OBJECT): sent while GPU009 is enabled; when the
+    conditions skip one, the webhook answers allowed, no patch, no warning (CREATE at /mutate and /validate)."""
+    counting.tick()
+    enabled = object_in_scope(claim["kind"], Context.for_config(_config(name)))
+    for mutating in (True, False):
+        assert called(name, claim, mutating=mutating) is enabled, (name, mutating)
+        if not enabled:
+            path = "/mutate" if mutating else "/validate"
+            assert_untouched(answer(name, path, review_body(claim)), f"{path} CREATE {claim['kind']}")
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTS))

@@ -68,6 +68,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "no-hostipc": {"sharing": {"configs": {"default": _plugin(mps=_mps())}}, "mps": {"injectHostIPC": False}},
     # The chart's runtime-class layout: only GPU pods run under the NVIDIA runtime.
     "runtime-class": {"nvidiaRuntimeIsDefault": False, "injectRuntimeClassName": "nvidia"},
+    # DRA: sharing enabled, admin access and allocationMode All in one namespace, another GPU class list.
+    "dra": {"nvidiaRuntimeIsDefault": False, "dra": {
+        "gpuDeviceClasses": ["gpu.nvidia.com", "nic.example.com"], "sharingStrategies": ["MPS"],
+        "adminAccessNamespaces": ["gpu-admin"], "allocationModeAllNamespaces": ["gpu-admin"],
+        "mpsDefaultPinnedDeviceMemoryLimit": "8Gi"}},
 }
 
 

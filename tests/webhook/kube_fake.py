@@ -46,6 +46,9 @@ class FakeKube:
         self.namespaces: dict[str, dict[str, str]] = {}
         self.configmaps: dict[tuple[str, str], frozenset[str]] = {}
         self.nodes: dict[str, dict[str, str]] = {}
+        # (namespace, name) -> object, for ResourceClaims and ResourceClaimTemplates
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.claim_templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.unreachable = False
         # method name -> errors raised by its next calls (in order)
@@ -136,6 +139,16 @@ class FakeKube:
             labels = self.nodes.get(name)
             return None if labels is None else dict(labels)
 
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            self._enter("read_resource_claim", namespace, name)
+            return self.claims.get((namespace, name))
+
+    def read_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            self._enter("read_resource_claim_template", namespace, name)
+            return self.claim_templates.get((namespace, name))
+
     def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:
         with self.lock:
             self._enter("read_configmap", namespace, name)
@@ -161,6 +174,7 @@ _CONFIG = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/(mutating|valida
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 _CONFIGMAP = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+_CLAIM = re.compile(r"^/apis/resource.k8s.io/v1/namespaces/([^/]+)/(resourceclaims|resourceclaimtemplates)/([^/]+)$")
 
 
 def _status(error: KubeError) -> tuple[int, dict[str, Any]]:
@@ -220,6 +234,11 @@ def handle(fake: FakeKube, method: str, path: str, content_type: str | None, bod
             if node_labels is None:
                 return _not_found(f'nodes "{m.group(1)}"')
             return 200, {"kind": "Node", "apiVersion": "v1", "metadata": {"name": m.group(1), "labels": node_labels}}
+        if (m := _CLAIM.match(path)) and method == "GET":
+            namespace, plural, claim_name = m.groups()
+            read = fake.read_resource_claim if plural == "resourceclaims" else fake.read_resource_claim_template
+            found_claim = read(namespace, claim_name)
+            return (200, found_claim) if found_claim is not None else _not_found(f'{plural} "{claim_name}"')
         if (m := _NAMESPACE.match(path)) and method == "GET":
             labels = fake.read_namespace(m.group(1))
             if labels is None:

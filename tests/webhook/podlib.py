@@ -224,3 +224,50 @@ def review(
 def apply_patch(obj: Mapping[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Apply JSONPatch ops (RFC 6902) the way the apiserver does; the input is not modified."""
     return jsonpatch.JsonPatch([dict(op) for op in ops]).apply(copy.deepcopy(dict(obj)))  # type: ignore[no-any-return]
+
+
+# --- Dynamic Resource Allocation (resource.k8s.io/v1) ----------------------------------------------------
+
+
+def claim_spec(*requests: Mapping[str, Any], config: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A ResourceClaimSpec with these requests (see `exactly`) and opaque config entries."""
+    devices: dict[str, Any] = {"requests": [dict(r) for r in requests]}
+    if config:
+        devices["config"] = [dict(c) for c in config]
+    return {"devices": devices}
+
+
+def exactly(name: str = "gpu", device_class: str = "gpu.nvidia.com", **fields: Any) -> dict[str, Any]:
+    """One request: {name, exactly: {deviceClassName, ...fields}} (allocationMode=..., adminAccess=...)."""
+    return {"name": name, "exactly": {"deviceClassName": device_class, **fields}}
+
+
+def gpu_config(sharing: Any, kind: str = "GpuConfig", requests: Sequence[str] = ()) -> dict[str, Any]:
+    """An opaque config entry for the NVIDIA driver (GpuConfig sharing ...)."""
+    entry: dict[str, Any] = {"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, "sharing": sharing}}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+def resource_claim(spec: Mapping[str, Any], name: str = "gpu-claim", namespace: str = "gpu-demo",
+                   template: bool = False) -> dict[str, Any]:
+    """A ResourceClaim, or (template=True) a ResourceClaimTemplate holding `spec`."""
+    metadata = {"name": name, "namespace": namespace}
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": metadata,
+                "spec": {"spec": dict(spec)}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata, "spec": dict(spec)}
+
+
+def with_claims(c: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The container with resources.claims naming these pod claims."""
+    out = dict(c)
+    out["resources"] = {**dict(out.get("resources") or {}), "claims": [{"name": n} for n in names]}
+    return out
+
+
+def claim_ref(name: str = "gpu", claim: str = "", template: str = "") -> dict[str, Any]:
+    """A spec.resourceClaims entry (resourceClaimName or resourceClaimTemplateName)."""
+    return {"name": name, **({"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template})}

@@ -28,7 +28,18 @@ from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
-from podlib import GPU, container, make_pod, wrap
+from podlib import (
+    GPU,
+    claim_ref,
+    claim_spec,
+    container,
+    exactly,
+    gpu_config,
+    make_pod,
+    resource_claim,
+    with_claims,
+    wrap,
+)
 from policylib import config_default, config_mig, config_mps, config_time_slicing
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -243,6 +254,36 @@ CASES: dict[str, Attack] = {
     "gpu007-mount-in-added-ephemeral-container": ephemeral_update(
         make_pod([container("main")]), debug(container("x", mounts=["/var/run/nvidia-container-devices/all"])),
         rule="GPU007"),
+
+    # ---- GPUs from Dynamic Resource Allocation (offline here: a claim cannot be read, fail closed) ---------
+    "gpu003-dra-claim-privileged-unreadable": Attack(make_pod(
+        [with_claims(container("main", privileged=True), "gpu")], resourceClaims=[claim_ref(template="one-gpu")]),
+        rule="GPU003"),
+    "gpu003-dra-claim-sys-admin-sidecar-unreadable": Attack(make_pod(
+        [with_claims(container("main"), "gpu"),
+         {**container("side"), "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}],
+        resourceClaims=[claim_ref(claim="shared-gpu")]), rule="GPU003"),
+    "gpu003-deviceclass-extended-resource-privileged": Attack(make_pod([container(
+        "main", privileged=True, limits={"deviceclass.resource.kubernetes.io/gpu.nvidia.com": 1})]), rule="GPU003"),
+    "gpu003-deviceclass-extended-resource-debug-container": ephemeral_update(
+        make_pod([container("main", limits={"deviceclass.resource.kubernetes.io/mig.nvidia.com": 1})]),
+        debug({**container("x"), "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}), rule="GPU003"),
+    "gpu003-other-deviceclass-privileged-allowed": Attack(make_pod([container(
+        "main", privileged=True, limits={"deviceclass.resource.kubernetes.io/nic.example.com": 1})]),
+        allowed=True),
+    "gpu009-admin-access": Attack(resource_claim(claim_spec(exactly(adminAccess=True))), rule="GPU009"),
+    "gpu009-admin-access-first-available-alternative": Attack(resource_claim(claim_spec(
+        {"name": "any", "firstAvailable": [{"name": "nic", "deviceClassName": "nic.example.com"},
+                                           {"name": "gpu", "deviceClassName": "mig.nvidia.com",
+                                            "adminAccess": True}]})), rule="GPU009"),
+    "gpu009-allocation-mode-all-template": Attack(resource_claim(
+        claim_spec(exactly(allocationMode="All")), template=True), rule="GPU009"),
+    "gpu009-mps-not-enabled": Attack(resource_claim(claim_spec(
+        exactly(), config=[gpu_config({"strategy": "MPS"})])), rule="GPU009"),
+    "gpu009-malformed-opaque-parameters": Attack(resource_claim(claim_spec(
+        exactly(), config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": "MPS"}}])), rule="GPU009"),
+    "gpu009-admin-access-other-class-allowed": Attack(resource_claim(
+        claim_spec(exactly(device_class="nic.example.com", adminAccess=True))), allowed=True),
 
     # ---- what is deliberately not judged (documented exemptions) --------------------------------------------
     # kube-system and the release namespace are exempt (no deadlock on install/upgrade); the webhook

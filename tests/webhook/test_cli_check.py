@@ -13,7 +13,7 @@ import yaml
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.cli.main import main
-from podlib import GPU, container, make_pod, wrap
+from podlib import GPU, claim_ref, claim_spec, container, exactly, make_pod, resource_claim, with_claims, wrap
 from recordlib import FIXTURES
 
 
@@ -230,3 +230,24 @@ def test_piped_into_head_no_broken_pipe_traceback(tmp_path: Path) -> None:
                           check=False)
     assert done.stdout.startswith("pod/p0 ")
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_a_pods_claims_are_read_from_the_same_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`check` resolves a pod's ResourceClaim / ResourceClaimTemplate from the other documents of the file."""
+    gpu = resource_claim(claim_spec(exactly()), name="one-gpu", namespace="gpu-demo", template=True)
+    nic = resource_claim(claim_spec(exactly("nic", "nic.example.com")), name="nic", namespace="gpu-demo")
+
+    def claimed(claim: dict[str, Any]) -> dict[str, Any]:
+        return make_pod([with_claims(container("cuda", privileged=True), "c")], name="claimed",
+                        resourceClaims=[claim_ref("c", template="one-gpu")] if claim is gpu
+                        else [claim_ref("c", claim="nic")])
+
+    status, out, _ = run(capsys, "-f", str(write(tmp_path / "gpu.yaml", gpu, claimed(gpu))))
+    assert status == 1
+    assert ('GPU003 container "cuda" is privileged in a pod holding GPUs by claim "c" (ResourceClaimTemplate '
+            '"one-gpu")') in out
+    status, out, _ = run(capsys, "-f", str(write(tmp_path / "nic.yaml", nic, claimed(nic))))
+    assert status == 0, out
+    # Not in the input: it cannot be read, so fail closed, saying so.
+    status, out, _ = run(capsys, "-f", str(write(tmp_path / "alone.yaml", nic, claimed(gpu))))
+    assert status == 1 and "ResourceClaimTemplate gpu-demo/one-gpu is not in the input" in out

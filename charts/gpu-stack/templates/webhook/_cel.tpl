@@ -94,7 +94,12 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
       "injectHostIPC" $m.injectHostIPC
       "injectRuntimeClassName" $policy.injectRuntimeClassName
       "nvidiaRuntimeIsDefault" $policy.nvidiaRuntimeIsDefault
-      "disabledRules" ($policy.rules.disabled | uniq | sortAlpha) }}
+      "disabledRules" ($policy.rules.disabled | uniq | sortAlpha)
+      "draGpuClasses" ($policy.dra.gpuDeviceClasses | uniq | sortAlpha)
+      "draAllocationModeAllNamespaces" ($policy.dra.allocationModeAllNamespaces | uniq | sortAlpha)
+      "draAdminAccessNamespaces" ($policy.dra.adminAccessNamespaces | uniq | sortAlpha)
+      "draSharingStrategies" ($policy.dra.sharingStrategies | uniq | sortAlpha)
+      "draMpsDefaultLimit" $policy.dra.mpsDefaultPinnedDeviceMemoryLimit }}
 {{- toYaml $values }}
 {{- end }}
 

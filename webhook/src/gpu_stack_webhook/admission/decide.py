@@ -2,7 +2,9 @@
 
 /mutate judges Pods being created: it returns the patches the rules propose, and denies early only
 what Kubernetes would reject before the validating webhooks run (listing every violation found).
-/validate judges Pods and the pod templates of workloads: every denial, every warning. On UPDATE
+/validate judges Pods and the pod templates of workloads: every denial, every warning. ResourceClaims
+and ResourceClaimTemplates (resource.k8s.io) are judged as themselves (GPU009), and patched at /mutate
+on CREATE like a Pod. On UPDATE
 only findings that the old object did not already have count, so a pod or workload that was fine
 when it was created is never denied for a rule added later.
 """
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from gpu_stack_webhook.admission.review import AdmissionRequest
-from gpu_stack_webhook.policy.engine import JUDGED_KINDS, Evaluation, Policy, RuleCrashed
+from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS, PATCHABLE_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp
 from gpu_stack_webhook.policy.pod import NotAPodError
@@ -100,7 +102,7 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
         return Decision(allowed=True, skipped=skipped)
     assert request.object is not None
     mutating = endpoint is Endpoint.MUTATE
-    can_patch = mutating and request.kind == "Pod" and request.operation == "CREATE"
+    can_patch = mutating and request.kind in PATCHABLE_KINDS and request.operation == "CREATE"
     ns = request.namespace
     try:
         # /mutate keeps changes and early denials only, so it runs the rules that make them; an early
@@ -121,7 +123,7 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
 def skip_reason(policy: Policy, request: AdmissionRequest, endpoint: Endpoint) -> str:
     if request.operation not in ("CREATE", "UPDATE"):
         return f"operation {request.operation}"
-    if (request.group, request.kind) not in JUDGED_KINDS:
+    if (request.group, request.kind) not in JUDGED_KINDS and (request.group, request.kind) not in DRA_KINDS:
         return f"kind {request.group or 'core'}/{request.kind}"
     if policy.is_exempt(request.namespace):
         return f"namespace {request.namespace} is exempt"

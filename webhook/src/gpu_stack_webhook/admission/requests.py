@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_stack_webhook.admission.review import API_VERSION
-from gpu_stack_webhook.policy.engine import JUDGED_KINDS
+from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS
 
 PLURALS = {
     "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "StatefulSet": "statefulsets",
@@ -22,7 +22,8 @@ def group_version(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def is_judged(obj: Mapping[str, Any]) -> bool:
-    return (group_version(obj)[0], str(obj.get("kind"))) in JUDGED_KINDS
+    key = (group_version(obj)[0], str(obj.get("kind")))
+    return key in JUDGED_KINDS or key in DRA_KINDS
 
 
 def admission_review(

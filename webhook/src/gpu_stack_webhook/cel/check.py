@@ -2,7 +2,8 @@
 (webhook.validation.mode=cel, webhook.mutation.mode=cel) when an object is created, offline.
 
 A Pod first goes through the MutatingAdmissionPolicies (limit fill, MPS, runtime class); then every
-ValidatingAdmissionPolicy judges the object, and the first that denies answers, in the words kubectl
+ValidatingAdmissionPolicy matching it (GPU009 for ResourceClaims and ResourceClaimTemplates, the others
+for Pods and workloads) judges the object, and the first that denies answers, in the words kubectl
 prints for a policy denial. Exempt namespaces and kinds the policies do not match are skipped.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 from gpu_stack_webhook.cel import mutating, runtime, validating
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import PolicyConfig
-from gpu_stack_webhook.policy.engine import JUDGED_KINDS
+from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS
 
 POLICY_PREFIX = "gpu-stack"  # the policy names of a release called gpu-stack (the README's install command)
@@ -36,7 +37,8 @@ def _group(obj: Mapping[str, Any]) -> str:
 
 def evaluate_object(config: PolicyConfig, obj: Mapping[str, Any], source: str, namespace: str) -> CelOutcome:
     kind = str(obj.get("kind"))
-    if (_group(obj), kind) not in JUDGED_KINDS or kind not in POD_SPEC_LOCATIONS:
+    claim = (_group(obj), kind) in DRA_KINDS
+    if not claim and ((_group(obj), kind) not in JUDGED_KINDS or kind not in POD_SPEC_LOCATIONS):
         return CelOutcome("skipped", f"kind {_group(obj) or 'core'}/{kind}")
     if namespace in config.exempt_namespaces:
         return CelOutcome("skipped", f"namespace {namespace} is exempt")
@@ -44,13 +46,17 @@ def evaluate_object(config: PolicyConfig, obj: Mapping[str, Any], source: str, n
     result = CelOutcome("allowed")
     target: dict[str, Any] = dict(obj)
     try:
-        if kind == "Pod":
+        if kind == "Pod" or claim:
             for mutation in mutating.POLICIES:
+                if (mutation.target == "dra") != claim:
+                    continue
                 target, ops = runtime.mutate(mutation, values, target)
                 result.patch.extend(ops)
         if result.patch:
             result.outcome = "patched"
         for policy in validating.POLICIES:
+            if (policy.target == "dra") != claim:
+                continue
             found = runtime.violations(policy, values, target)
             if found:
                 return _denied(result, policy, found, target, source)

@@ -72,6 +72,22 @@ GPU_AMOUNTS: Variable = ("gpuAmounts", (
     "'req': dyn(r in rq ? string(rq[r]) : ''), 'lim': dyn(r in lm ? string(lm[r]) : '')})))).flatten()"
 ))
 
+# Every deviceclass.resource.kubernetes.io/<GPU class> resource a container is given (count above 0: limit,
+# else request), in the order rules.base.dra_gpus reads them: {path: container path, r: resource}.
+_DRA_PREFIX = "deviceclass.resource.kubernetes.io/"
+DRA_HELD: Variable = ("draHeld", (
+    "variables.containers.map(e, "
+    "cel.bind(rq, e.c.?resources.?requests.orValue({}), cel.bind(lm, e.c.?resources.?limits.orValue({}), "
+    f"(rq.map(r, r) + lm.filter(r, !(r in rq))).filter(r, r.startsWith('{_DRA_PREFIX}') && "
+    f"r.substring({len(_DRA_PREFIX)}) in variables.draGpuClasses && "
+    "cel.bind(n, r in lm ? string(lm[r]) : string(rq[r]), isQuantity(n) && quantity(n).compareTo(quantity('0')) > 0)"
+    ").map(r, {'path': dyn(e.path), 'r': dyn(r)})))).flatten()"
+))
+# "a pod holding GPUs by <resource>, ..." (rules.privileged / visible_devices): draHeld's names, each once.
+DRA_NAMES = ("draNames", "cel.bind(l, variables.draHeld.map(h, h.r), "
+             "lists.range(size(l)).filter(i, lists.range(i).all(j, l[j] != l[i])).map(i, l[i]).join(', '))")
+
+
 # The count a GPU amount gives its container (limit, else request), > 0 (rules.base.allocated_gpus).
 _ALLOCATES = ("cel.bind(n, a.hasLim ? a.lim : a.req, isQuantity(n) && quantity(n).compareTo(quantity('0')) > 0)")
 ALLOCATED: Variable = ("allocatedPaths", f"variables.gpuAmounts.filter(a, {_ALLOCATES}).map(a, a.e.path)")
@@ -124,6 +140,12 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
         "injectRuntimeClassName": config.inject_runtime_class_name,
         "nvidiaRuntimeIsDefault": config.nvidia_runtime_is_default,
         "disabledRules": sorted(config.rules.disabled),
+        # Dynamic Resource Allocation (config.DraPolicy; GPU002, GPU003, GPU009).
+        "draGpuClasses": sorted(set(config.dra.gpu_device_classes)),
+        "draAllocationModeAllNamespaces": sorted(set(config.dra.allocation_mode_all_namespaces)),
+        "draAdminAccessNamespaces": sorted(set(config.dra.admin_access_namespaces)),
+        "draSharingStrategies": sorted(set(config.dra.sharing_strategies)),
+        "draMpsDefaultLimit": config.dra.mps_default_pinned_device_memory_limit,
     }
 
 

@@ -29,6 +29,7 @@ import yaml
 
 from gpu_stack_webhook.cel.library import lower_binds
 from gpu_stack_webhook.cel.render import generated_file_main
+from gpu_stack_webhook.policy.dra import EXTENDED_RESOURCE_PREFIX
 from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.policy.rules.base import Signal
@@ -65,14 +66,16 @@ MAX_EXPRESSIONS = 16  # matchExpressions of one term
 MAX_ENV = 64  # env entries of one container
 MAX_MOUNTS = 32  # volumeMounts of one container
 
-_IS_GPU = "(r in ${gpuNames} || ${gpuPrefixes}.exists(p, r.startsWith(p)))"
+_IS_GPU = ("(r in ${gpuNames} || ${gpuPrefixes}.exists(p, r.startsWith(p)) || "
+           f"r.startsWith('{EXTENDED_RESOURCE_PREFIX}'))")
 _CONTAINER_LISTS = [f"spec.?{field}.orValue([])" for field, _ in CONTAINER_FIELDS]
 _NAMES_GPU = (
     "cel.bind(rq, c.?resources.?requests.orValue({}), cel.bind(lm, c.?resources.?limits.orValue({}), "
     f"size(rq) + size(lm) > {MAX_RESOURCES} || rq.exists(r, {_IS_GPU}) || lm.exists(r, {_IS_GPU})))"
 )
+# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/rules/base.py names_dra).
 _GPU_POD = (
-    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || "
+    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || size(spec.?resourceClaims.orValue([])) > 0 || "
     f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
     + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
 )
@@ -100,6 +103,7 @@ SIGNALS: dict[Signal, str] = {
     ),
     Signal.CDI_ANNOTATION: (f"size(annotations) > {MAX_ANNOTATIONS} || "
                             f"annotations.exists(k, k.startsWith('{CDI_ANNOTATION_PREFIX}'))"),
+    Signal.DRA_OBJECT: "object.kind == 'ResourceClaim' || object.kind == 'ResourceClaimTemplate'",
 }
 
 

@@ -7,6 +7,9 @@
   resource every candidate config shares through MPS). An opt-in whose nodeSelector excludes MPS nodes
   is left alone (the webhook denies it; CEL cannot).
 - GPU008: `runtimeClassName` for a Pod that allocates a GPU and names none (`injectRuntimeClassName`).
+- GPU009 MPS memory limit: a ResourceClaim or ResourceClaimTemplate being created whose NVIDIA opaque config
+  shares through MPS (enabled in `dra.sharingStrategies`) without `mpsConfig.defaultPinnedDeviceMemoryLimit`
+  gets `dra.mpsDefaultPinnedDeviceMemoryLimit` (target "dra": its own matchConstraints).
 
 Like the webhook, every patch first checks what is there (reinvocationPolicy IfNeeded adds nothing
 twice), and the policies are independent of each other's order: the limit fill changes no count the
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpu_stack_webhook.cel import validating
 from gpu_stack_webhook.cel.library import ALLOCATED, CANDIDATES, GPU_AMOUNTS, Variable, quantity_ok
-from gpu_stack_webhook.policy.rules import gpu_limits, mps, runtime_class
+from gpu_stack_webhook.policy.dra import MPS
+from gpu_stack_webhook.policy.rules import dra_claims, gpu_limits, mps, runtime_class
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class CelMutation:
     config: tuple[str, ...]
     variables: tuple[Variable, ...]
     patch: str  # CEL: a list of JSONPatch
+    target: str = "pods"  # "pods" (Pods being created) or "dra" (ResourceClaims, ResourceClaimTemplates)
 
 
 def patch_op(path: str, value: str) -> str:
@@ -125,4 +131,27 @@ MPS_INJECTION = CelMutation(
     f"!variables.isMpsPod || (variables.optedIn && {_CONFLICT}) ? [] : {_MPS_PATCH}",
 )
 
-POLICIES: tuple[CelMutation, ...] = (FILL_LIMITS, MPS_INJECTION, RUNTIME_CLASS)
+# --- GPU009: the MPS memory limit of a DRA claim --------------------------------------------------------
+# validating.GPU009's claim variables; an entry gets the limit when the driver could read it (no problem),
+# its strategy is MPS and enabled, and it sets no limit (rules.dra_claims.check_object).
+_LIMIT_WANTED = (
+    f"size({validating._PROBLEM}) == 0 && type(c.o) == map && c.o.?kind.orValue(null) in {validating._KINDS!r} && "
+    f"c.o.?sharing.orValue(null) != null && c.o.sharing.strategy == '{MPS}' && "
+    f"'{MPS}' in variables.draSharingStrategies && "
+    "c.o.sharing.?mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null"
+)
+_POINTER = "'/' + c.p.replace('.', '/').replace('[', '/').replace(']', '') + '/sharing/mpsConfig'"
+_LIMIT_PATCH = (
+    "variables.draMpsDefaultLimit == '' ? [] : "
+    f"variables.nvidiaConfigs.filter(c, {_LIMIT_WANTED}).map(c, "
+    "type(c.o.sharing.?mpsConfig.orValue(null)) == map ? "
+    f"{patch_op(_POINTER + ' + ' + repr('/defaultPinnedDeviceMemoryLimit'), 'variables.draMpsDefaultLimit')} : "
+    f"{patch_op(_POINTER, '{' + repr('defaultPinnedDeviceMemoryLimit') + ': variables.draMpsDefaultLimit}')})"
+)
+MPS_MEMORY_LIMIT = CelMutation(
+    dra_claims.ID, dra_claims.NAME, ("draSharingStrategies", "draMpsDefaultLimit"),
+    tuple((n, e) for n, e in validating.GPU009.variables if n != "violations"),
+    _LIMIT_PATCH, target="dra",
+)
+
+POLICIES: tuple[CelMutation, ...] = (FILL_LIMITS, MPS_INJECTION, RUNTIME_CLASS, MPS_MEMORY_LIMIT)

@@ -110,7 +110,7 @@ def policy_variables(policy: Any) -> tuple[Variable, ...]:
     and the offline runtime supply them), the pod variables, the policy's own. A validating policy also
     computes its violations on oldObject and, on UPDATE, counts only the new ones (Policy.new_findings)."""
     config = tuple((name, "") for name in policy.config)
-    own = (*POD_VARIABLES, *policy.variables)
+    own = (*POD_VARIABLES, *policy.variables) if getattr(policy, "target", "pods") == "pods" else policy.variables
     if isinstance(policy, mutating.CelMutation):
         return (*config, *own)
     renamed = tuple(("newViolations" if n == "violations" else n, e) for n, e in own)
@@ -130,6 +130,7 @@ def document() -> dict[str, Any]:
     validating_policies = [{
         "rule": p.rule_id,
         "name": p.name,
+        "target": p.target,
         "configVariables": list(p.config),
         "variables": _variables(p),
         "validations": [{"expression": "size(variables.violations) == 0",
@@ -138,6 +139,7 @@ def document() -> dict[str, Any]:
     mutating_policies = [{
         "rule": p.rule_id,
         "name": p.name,
+        "target": p.target,
         "configVariables": list(p.config),
         "variables": _variables(p),
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": lower_binds(p.patch)}}],

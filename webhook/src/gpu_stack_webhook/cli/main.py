@@ -39,6 +39,7 @@ from gpu_stack_webhook.cel.check import evaluate_object
 from gpu_stack_webhook.cli import inspect as inspect_cli
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.facts import DocumentFacts
 from gpu_stack_webhook.server import cluster, gunicorn_conf
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.review_routes import WsgiApp
@@ -256,6 +257,10 @@ def check(args: argparse.Namespace) -> int:
                 unreadable = True
                 print(f"{PROG}: {source}: not valid YAML: {exc}", file=sys.stderr)
                 continue
+            file_policy = policy
+            claims = DocumentFacts((obj for _, obj in _objects(docs)), args.namespace)
+            if claims.objects:  # a pod's claims are read from the other documents of the input
+                file_policy = Policy(policy.config, facts=claims)
             for number, obj in _objects(docs):
                 if not (isinstance(obj, Mapping) and obj.get("kind") and obj.get("apiVersion")):
                     unreadable = True
@@ -264,7 +269,7 @@ def check(args: argparse.Namespace) -> int:
                     continue
                 seen += 1
                 result = (check_object_cel(policy.config, obj, source, args.namespace) if args.engine == "cel"
-                          else check_object(policy, obj, source, args.namespace))
+                          else check_object(file_policy, obj, source, args.namespace))
                 denied = denied or result.outcome == "denied"
                 print("\n".join(result.lines()))
     if not seen and not unreadable:

@@ -190,6 +190,14 @@ class KubeApi(Protocol):
         """The node's labels, None when it does not exist."""
         ...
 
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The resource.k8s.io/v1 ResourceClaim, None when it does not exist."""
+        ...
+
+    def read_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The resource.k8s.io/v1 ResourceClaimTemplate, None when it does not exist."""
+        ...
+
 
 # --- the adapter over the `kubernetes` client -----------------------------------------------------------
 
@@ -243,6 +251,7 @@ class KubernetesClientApi:
         self.timeout = timeout
         self.core = client.CoreV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
 
     @classmethod
     def from_environment(
@@ -308,6 +317,14 @@ class KubernetesClientApi:
     def read_node(self, name: str) -> Mapping[str, str] | None:
         body = self._call(self.core.read_node, name)
         return None if body is None else dict((body.get("metadata") or {}).get("labels") or {})
+
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._call(self.resource.read_namespaced_resource_claim, name, namespace)
+        return body if isinstance(body, dict) else None
+
+    def read_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._call(self.resource.read_namespaced_resource_claim_template, name, namespace)
+        return body if isinstance(body, dict) else None
 
     def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:
         body = self._call(self.core.read_namespaced_config_map, name, namespace)

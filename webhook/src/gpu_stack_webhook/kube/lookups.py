@@ -88,3 +88,11 @@ class ApiFacts:
             return Fact(note=f"node {node} not found")
         value = labels.value.get(label)
         return Fact(known=True, value=None if value is None else str(value))
+
+    def resource_claim(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self._cached(("claim", namespace, name), "resourceclaims",
+                            lambda: self.api.read_resource_claim(namespace, name))
+
+    def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self._cached(("claimtemplate", namespace, name), "resourceclaimtemplates",
+                            lambda: self.api.read_resource_claim_template(namespace, name))

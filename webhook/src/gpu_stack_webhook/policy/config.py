@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpu_stack_webhook.policy.quantity import parse_quantity
+
 MPS_ANNOTATION = "gpu-stack.io/mps"
 MPS_TAINT_KEY = "gpu-stack.io/mps"
 
@@ -159,6 +161,50 @@ class RuleSettings(_Strict):
     mig_unexposed: Literal["deny", "warn"] = Field("deny", alias="migUnexposed")
 
 
+# kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1 deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-*.yaml
+DRA_GPU_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
+# The same tag, api/nvidia.com/resource/v1beta1/sharing.go: GpuSharingStrategy values.
+DRA_SHARING_STRATEGIES = ("TimeSlicing", "MPS")
+
+
+class DraPolicy(_Strict):
+    """GPUs from Dynamic Resource Allocation (policy/dra.py, rules GPU002, GPU003, GPU006, GPU009)."""
+
+    # DeviceClasses whose devices are GPUs: a claim request naming one gives GPUs, and so does the
+    # extended resource deviceclass.resource.kubernetes.io/<class>.
+    gpu_device_classes: tuple[str, ...] = Field(DRA_GPU_DEVICE_CLASSES, alias="gpuDeviceClasses")
+    # Namespaces where a claim may ask for allocationMode All on a GPU class (every matching GPU).
+    allocation_mode_all_namespaces: tuple[str, ...] = Field((), alias="allocationModeAllNamespaces")
+    # Namespaces where a claim may ask for adminAccess on a GPU class (besides the API server's own
+    # requirement, the namespace label resource.kubernetes.io/admin-access=true).
+    admin_access_namespaces: tuple[str, ...] = Field((), alias="adminAccessNamespaces")
+    # GpuConfig / MigDeviceConfig sharing strategies the driver was deployed with (its feature gates
+    # TimeSlicingSettings and MPSSupport, both off by default upstream).
+    sharing_strategies: tuple[Literal["TimeSlicing", "MPS"], ...] = Field((), alias="sharingStrategies")
+    # The MPS memory limit a claim without one gets (sharing.mpsConfig.defaultPinnedDeviceMemoryLimit,
+    # a quantity); "" adds none (the claim is then only warned about).
+    mps_default_pinned_device_memory_limit: str = Field("", alias="mpsDefaultPinnedDeviceMemoryLimit")
+    # A pod with a claim the webhook cannot read (lookups off or failing, claim not found yet) and
+    # something a GPU rule would deny if the claim held a GPU: `deny` (fail closed) or `warn`.
+    unresolved_claims: Literal["deny", "warn"] = Field("deny", alias="unresolvedClaims")
+
+    @model_validator(mode="after")
+    def _limit_is_quantity(self) -> DraPolicy:
+        limit = self.mps_default_pinned_device_memory_limit
+        if limit:
+            try:
+                parsed = parse_quantity(limit)
+                ok = parsed.is_finite() and parsed > 0
+            except (ValueError, ArithmeticError):
+                ok = False
+            if not ok:
+                raise ValueError(f"mpsDefaultPinnedDeviceMemoryLimit {limit!r} is not a positive quantity")
+        return self
+
+    def is_gpu_class(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.gpu_device_classes
+
+
 class PolicyConfig(_Strict):
     gpu_resources: GpuResources = Field(GpuResources(), alias="gpuResources")
     gpu_runtime_class_names: tuple[str, ...] = Field(("nvidia",), alias="gpuRuntimeClassNames")
@@ -175,6 +221,7 @@ class PolicyConfig(_Strict):
     # or a GPU runtime class reach it. True when unset: a webhook that is not told cannot assume less.
     nvidia_runtime_is_default: bool = Field(True, alias="nvidiaRuntimeIsDefault")
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, alias="maxRequestBytes", ge=1024)
+    dra: DraPolicy = DraPolicy()
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

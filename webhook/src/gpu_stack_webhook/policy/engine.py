@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
+from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
@@ -27,6 +28,10 @@ JUDGED_KINDS: frozenset[tuple[str, str]] = frozenset(
     | {("batch", k) for k in ("Job", "CronJob")}
 )
 assert {k for _, k in JUDGED_KINDS} == set(POD_SPEC_LOCATIONS)
+# Dynamic Resource Allocation objects, judged by the rules with a check_object (GPU009), not as pods.
+DRA_GROUP = "resource.k8s.io"
+DRA_KINDS: frozenset[tuple[str, str]] = frozenset({(DRA_GROUP, "ResourceClaim"), (DRA_GROUP, "ResourceClaimTemplate")})
+PATCHABLE_KINDS = frozenset({"Pod", "ResourceClaim", "ResourceClaimTemplate"})
 
 
 class RuleCrashed(Exception):
@@ -82,14 +87,18 @@ class Policy:
     def evaluate(self, obj: Mapping[str, Any], kind: str, *, can_patch: bool = False, namespace: str = "",
                  facts: ClusterFacts | None = None, mutating_only: bool = False) -> Evaluation:
         """Run every enabled rule (`mutating_only`: those that may change the pod or deny early) on the
-        pod spec of `obj`. Raises NotAPodError, RuleCrashed. `facts` (default: the policy's) answer
-        cluster lookups for objects in `namespace`."""
-        patching = can_patch and kind == "Pod"
-        pod = PodView.of(obj, kind, patchable=patching)
+        pod spec of `obj` (for a ResourceClaim or ResourceClaimTemplate: the rules' check_object on the
+        object). Raises NotAPodError, RuleCrashed. `facts` (default: the policy's) answer cluster lookups
+        for objects in `namespace`."""
+        patching = can_patch and kind in PATCHABLE_KINDS
         ctx = self._patching if patching else self._judging
         facts = self.facts if facts is None else facts
-        if facts.online and namespace:
+        if namespace and (facts.online or facts is not OFFLINE or kind in ("ResourceClaim", "ResourceClaimTemplate")):
+            # Offline facts other than OFFLINE (DocumentFacts) answer claims only; GPU009 reads the namespace.
             ctx = replace(ctx, facts=facts, namespace=namespace)
+        if kind in ("ResourceClaim", "ResourceClaimTemplate"):
+            return self._evaluate_object(obj, kind, ctx, patching, mutating_only)
+        pod = PodView.of(obj, kind, patchable=patching)
         findings: list[Finding] = []
         for rule in self._mutating if mutating_only else self.rules:
             try:
@@ -97,6 +106,21 @@ class Policy:
             except Exception as error:  # a rule bug must become a decision, never a 500 traceback
                 raise RuleCrashed(rule, error) from error
         return Evaluation(tuple(findings), pod.desired.patch())
+
+    def _evaluate_object(self, obj: Mapping[str, Any], kind: str, ctx: Context, patching: bool,
+                         mutating_only: bool) -> Evaluation:
+        if not isinstance(obj.get("spec"), dict):
+            raise NotAPodError(f"{kind} has no spec")
+        desired = DesiredPod(obj, writable=patching)
+        findings: list[Finding] = []
+        for rule in self._mutating if mutating_only else self.rules:
+            if rule.check_object is None:
+                continue
+            try:
+                findings.extend(rule.check_object(dict(obj), kind, desired, ctx))
+            except Exception as error:  # a rule bug must become a decision, never a 500 traceback
+                raise RuleCrashed(rule, error) from error
+        return Evaluation(tuple(findings), desired.patch())
 
     def new_findings(self, evaluation: Evaluation, old_object: Mapping[str, Any], kind: str, namespace: str = "",
                      facts: ClusterFacts | None = None) -> Evaluation:

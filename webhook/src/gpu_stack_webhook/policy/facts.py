@@ -7,13 +7,15 @@ TTL cache (the admission path pays for an API call at most once per TTL and obje
 short request timeout; when the API cannot be asked the fact is unknown with a note that the rules put
 in a warning ("not checked: ...") and the decision falls back to the offline behaviour.
 
-Three facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them),
-the Pod Security level a namespace enforces, and one label of a node (the device plugin config label
-of the node a pod is pinned to with spec.nodeName).
+Five facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them),
+the Pod Security level a namespace enforces, one label of a node (the device plugin config label
+of the node a pod is pinned to with spec.nodeName), and a ResourceClaim or ResourceClaimTemplate a pod
+names (Dynamic Resource Allocation: which of its requests are GPUs, policy/dra.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -50,6 +52,14 @@ class ClusterFacts(Protocol):
         unknown (with a note) when the node does not exist or cannot be read."""
         ...
 
+    def resource_claim(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        """The ResourceClaim object (read only); known with value None when it does not exist."""
+        ...
+
+    def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        """The ResourceClaimTemplate object (read only); known with value None when it does not exist."""
+        ...
+
 
 class OfflineFacts:
     online = False
@@ -63,5 +73,39 @@ class OfflineFacts:
     def node_label(self, node: str, label: str) -> Fact[str]:
         return UNKNOWN
 
+    def resource_claim(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return UNKNOWN
+
+    def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return UNKNOWN
+
 
 OFFLINE: ClusterFacts = OfflineFacts()
+
+
+class DocumentFacts(OfflineFacts):
+    """Offline, except for the ResourceClaims and ResourceClaimTemplates given (`gpu-stack-webhook check`:
+    the other documents of the same input). `online` stays False: every other fact is unknown and quiet,
+    exactly as offline; a claim the input does not hold is unknown with a note saying so."""
+
+    def __init__(self, objects: Iterable[Any], default_namespace: str) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for obj in objects:
+            if not isinstance(obj, dict) or obj.get("kind") not in ("ResourceClaim", "ResourceClaimTemplate"):
+                continue
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            assert isinstance(meta, dict)
+            namespace = str(meta.get("namespace") or default_namespace)
+            self.objects[(str(obj["kind"]), namespace, str(meta.get("name") or ""))] = obj
+
+    def _find(self, kind: str, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        found = self.objects.get((kind, namespace, name))
+        if found is None:
+            return Fact(note=f"{kind} {namespace}/{name} is not in the input")
+        return Fact(known=True, value=found)
+
+    def resource_claim(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self._find("ResourceClaim", namespace, name)
+
+    def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self._find("ResourceClaimTemplate", namespace, name)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, names_dra, reaches_nvidia_runtime
 from gpu_stack_webhook.policy.rules.device_bypass import CDI_ANNOTATION_PREFIX, DEVICE_LIST_NAME
 from gpu_stack_webhook.policy.rules.mps import mps_selection
 from gpu_stack_webhook.policy.rules.visible_devices import VARIABLE
@@ -21,9 +21,10 @@ from gpu_stack_webhook.policy.rules.visible_devices import VARIABLE
 def signals(pod: PodView, ctx: Context) -> frozenset[Signal]:
     """Every signal the pod (or workload's pod template) carries."""
     found = set()
-    if is_gpu_pod(pod, ctx):
+    gpu_pod = is_gpu_pod(pod, ctx) or names_dra(pod)
+    if gpu_pod:
         found.add(Signal.GPU_POD)
-    if is_gpu_pod(pod, ctx) or (reaches_nvidia_runtime(pod, ctx) and reads_runtime_input(pod)):
+    if gpu_pod or (reaches_nvidia_runtime(pod, ctx) and reads_runtime_input(pod)):
         found.add(Signal.NVIDIA_RUNTIME)
     if mps_selection(pod, ctx) is not None:
         found.add(Signal.MPS_SELECTION)
@@ -43,6 +44,13 @@ def reads_runtime_input(pod: PodView) -> bool:
             if isinstance(path, str) and DEVICE_LIST_NAME in path:
                 return True
     return False
+
+
+def object_in_scope(kind: str, ctx: Context) -> bool:
+    """Would a rule act on a ResourceClaim or ResourceClaimTemplate (Signal.DRA_OBJECT)?"""
+    if kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+        return False
+    return any(Signal.DRA_OBJECT in rule.scope for rule in judging_rules(RULES, ctx))
 
 
 def judging_rules(rules: Iterable[Rule], ctx: Context) -> tuple[Rule, ...]:

@@ -8,6 +8,8 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
   matchConditions generated from SCOPE by cel/match_conditions.py), and
   a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and the
   exact scope).
+- For an object that holds no pod (GPU009: ResourceClaim, ResourceClaimTemplate; engine.DRA_KINDS),
+  `check_object(obj, kind, desired, ctx)` instead, with `check` returning nothing.
 - `check(pod: PodView, ctx: Context) -> Iterable[Finding]` (the rules here return a list: compiled, a
   list is cheaper to build and read than a generator), pure: no I/O, no clock, no Flask, no
   Kubernetes client (the import contract in `make lint` fails otherwise). Cluster facts come from
@@ -32,11 +34,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
+from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.findings import Finding
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules import (
     device_bypass,
+    dra_claims,
     gpu_limits,
     mig_resources,
     mps,
@@ -48,6 +53,8 @@ from gpu_stack_webhook.policy.rules import (
 from gpu_stack_webhook.policy.rules.base import Context, Signal
 
 Check = Callable[[PodView, Context], Iterable[Finding]]
+# A rule for objects that hold no pod (GPU009: resource.k8s.io claims): (object, kind, desired, ctx).
+CheckObject = Callable[[dict[str, Any], str, DesiredPod, Context], Iterable[Finding]]
 
 
 @dataclass(frozen=True)
@@ -60,18 +67,21 @@ class Rule:
     scope: frozenset[Signal] = frozenset(Signal)
     # It may change the pod or deny early (module MUTATING, default True): /mutate runs it on every pod.
     mutating: bool = True
+    # Module check_object: judges the DRA objects (engine.DRA_KINDS) instead of a pod spec.
+    check_object: CheckObject | None = None
 
 
 def _rule(module: ModuleType) -> Rule:
     doc = (module.__doc__ or "").strip()
     summary = doc.splitlines()[0].split(": ", 1)[-1] if doc else ""
     return Rule(id=module.ID, name=module.NAME, summary=summary, check=module.check,
-                scope=frozenset(module.SCOPE), mutating=getattr(module, "MUTATING", True))
+                scope=frozenset(module.SCOPE), mutating=getattr(module, "MUTATING", True),
+                check_object=getattr(module, "check_object", None))
 
 
 RULES: tuple[Rule, ...] = tuple(
     _rule(m)
     for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass,
-              runtime_class)
+              runtime_class, dra_claims)
 )
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)

@@ -14,6 +14,11 @@ with a message about hostIPC the user never set. Then `mps.podSecurityConflict: 
 (and, on /validate, a workload whose pods would be) saying why and what to change; `skip` leaves
 hostIPC out with a warning. When the level cannot be read the offline behaviour applies and the
 change's warning says that Pod Security was not checked.
+
+A pod whose GPUs come only by DRA claims with an MPS sharing config (GpuConfig sharing.strategy MPS)
+gets none of this: the NVIDIA DRA driver runs an MPS control daemon per claim and mounts its pipe and
+shm directories into the pod, so hostIPC and the MPS node taint's toleration are not needed; a warning
+says so instead.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts, pod_claims
 from gpu_stack_webhook.policy.sharing import Strategy
 
 ID = "GPU006"
@@ -97,6 +102,14 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
     reason = mps_reason(pod, ctx)
     if reason is None:
         return findings
+    if pod.spec.get("resourceClaims") and not gpu_amounts(pod, ctx):
+        dra_mps = [c.label for c in pod_claims(pod, ctx).values() if c.mps]
+        if dra_mps:
+            findings.append(Finding(
+                ID, Severity.WARN,
+                f"no hostIPC/MPS tolerations for MPS by DRA: the driver runs a daemon per claim and mounts its "
+                f"pipe and shm ({reason}; {', '.join(dra_mps)})", pod.path, on_mutate=True))
+            return findings
     mps = ctx.config.mps
     opted_in = reason.startswith("annotation")
     conflict = _selector_conflict(pod, ctx, reason) if opted_in else None

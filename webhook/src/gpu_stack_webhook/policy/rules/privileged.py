@@ -17,6 +17,16 @@ Scope, exactly (what a CEL port must reproduce):
   not cdi-cri alone). Ephemeral containers cannot have resources, so a `kubectl debug` container with
   SYS_ADMIN in a GPU pod is always denied.
 
+GPUs from Dynamic Resource Allocation count the same way (rules/base.py dra_gpus): a pod holds GPUs
+when a container references a claim (spec.resourceClaims, a ResourceClaim or ResourceClaimTemplate in
+the pod's namespace) with a request for a GPU DeviceClass (policy dra.gpuDeviceClasses), or names
+`deviceclass.resource.kubernetes.io/<GPU class>`; a container's own GPU is then such a claim or
+resource of its own. containerd gives a privileged container every device node of the host, and the
+claim's CDI edits bring the driver libraries. A claim the webhook cannot read (lookups off, API down,
+no permission, not created yet) in a pod with a privileged or SYS_ADMIN container is denied under
+`dra.unresolvedClaims: deny` (the default, fail closed) and warned about under `warn`; the message says
+which claim and why it could not be read.
+
 Why (nvidia-container-toolkit v1.20, internal/config/image/privileged.go and cuda_image.go): the
 runtime counts a container as privileged when CAP_SYS_ADMIN is in its bounding set (`privileged:
 true`, `add: [SYS_ADMIN]` or `add: [ALL]` all put it there) and then honours the image's device
@@ -40,7 +50,10 @@ from gpu_stack_webhook.policy.rules.base import (
     Signal,
     allocated_gpus,
     candidate_configs,
+    dra_gpus,
     is_gpu_pod,
+    unresolved_claims,
+    unresolved_note,
 )
 
 ID = "GPU003"
@@ -80,28 +93,62 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
             privileged.append(c)
         if (found := added_sys_admin(c)) is not None:
             sys_admin.append((c, found))
-    if not (privileged or sys_admin) or not is_gpu_pod(pod, ctx):
+    if not (privileged or sys_admin):
         return findings
+    gpu_pod = is_gpu_pod(pod, ctx)
+    dra = dra_gpus(pod, ctx)
+    unresolved = unresolved_claims(pod, ctx)
+    if not (gpu_pod or dra or unresolved):
+        return findings
+    # How the pod holds GPUs, for the messages: "a GPU pod", or the claims by DRA.
+    held = "a GPU pod" if gpu_pod or not dra else "a pod holding GPUs by " + ", ".join(
+        dict.fromkeys(d for ds in dra.values() for d in ds))
+    known = gpu_pod or bool(dra)
+    uncertain = Severity.DENY if ctx.config.dra.unresolved_claims == "deny" else Severity.WARN
     for container in privileged:
-        findings.append(Finding(
-            ID,
-            Severity.DENY,
-            f"{container.label} is privileged in a GPU pod and would see every GPU on the node; "
-            f"remove securityContext.privileged",
-            f"{container.path}.securityContext.privileged",
-        ))
-    own = allocated_gpus(pod, ctx) if all(c.list_overrides_image_env for c in candidate_configs(pod, ctx)) else {}
+        if known:
+            findings.append(Finding(
+                ID,
+                Severity.DENY,
+                f"{container.label} is privileged in {held} and would see every GPU on the node; "
+                f"remove securityContext.privileged",
+                f"{container.path}.securityContext.privileged",
+            ))
+        else:
+            findings.append(_uncertain(container, "is privileged", unresolved, uncertain,
+                                       f"{container.path}.securityContext.privileged"))
+    own: dict[str, Any] = dict(dra)
+    if all(c.list_overrides_image_env for c in candidate_configs(pod, ctx)):
+        own.update(allocated_gpus(pod, ctx))
     privileged_pointers = {c.pointer for c in privileged}
     for container, (index, spelling) in sys_admin:
         if container.pointer in own or container.pointer in privileged_pointers:
             continue
+        path = f"{container.path}.securityContext.capabilities.add[{index}]"
+        if not known or container.pointer in unresolved:
+            findings.append(_uncertain(container, f"adds capability {spelling}", unresolved, uncertain, path))
+            continue
         findings.append(Finding(
             ID,
             Severity.DENY,
-            f"{container.label} adds capability {spelling} in a GPU pod without a GPU of its own; the NVIDIA "
+            f"{container.label} adds capability {spelling} in {held} without a GPU of its own; the NVIDIA "
             f"runtime treats CAP_SYS_ADMIN as privileged and gives it every GPU its image asks for "
             f"(NVIDIA_VISIBLE_DEVICES=all in CUDA images); drop {spelling} or give the container its own "
             f"GPU request",
-            f"{container.path}.securityContext.capabilities.add[{index}]",
+            path,
         ))
     return findings
+
+
+def _uncertain(container: ContainerRef, what: str, unresolved: dict[str, list[Any]], severity: Severity,
+               path: str) -> Finding:
+    """A container that would be denied if a claim the webhook cannot read holds a GPU."""
+    claims = [c for cs in unresolved.values() for c in cs]
+    return Finding(
+        ID,
+        severity,
+        f"{container.label} {what} and the pod's GPU claims could not be read ({unresolved_note(claims)}); "
+        f"if a claim holds a GPU the container would see every GPU on the node: remove it, or let the "
+        f"webhook read resourceclaims (policy dra.unresolvedClaims)",
+        path,
+    )

@@ -11,6 +11,12 @@ prefix imports whatever keys its ConfigMap or Secret holds, which cannot be seen
 With API lookups (ctx.facts online) the ConfigMap is read: holding the key is a denial, not holding it
 no finding at all. Secrets are never read, so a secretRef without a prefix keeps its warning; so does
 a ConfigMap that does not exist yet or could not be read (the warning says why).
+
+A pod whose GPUs come by Dynamic Resource Allocation (a claim with a GPU request, or a
+deviceclass.resource.kubernetes.io/<GPU class> resource; rules/base.py dra_gpus) reaches the NVIDIA
+runtime like a GPU pod, and the denial names its claims. Where the runtime is not the default, a pod
+with a claim the webhook cannot read gets each denial under `dra.unresolvedClaims` (deny or warn),
+saying which claim could not be read.
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ from typing import Any
 
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.rules.base import (
+    Context,
+    Signal,
+    dra_gpus,
+    is_gpu_pod,
+    reaches_nvidia_runtime,
+    unresolved_claims,
+    unresolved_note,
+)
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
@@ -39,14 +53,26 @@ def _source(entry: Mapping[str, object]) -> str:
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
-    if not reaches_nvidia_runtime(pod, ctx):
+    reaches = reaches_nvidia_runtime(pod, ctx)
+    unresolved = {} if reaches else unresolved_claims(pod, ctx)
+    if not (reaches or unresolved):
         return findings
+    dra = dra_gpus(pod, ctx) if reaches and not is_gpu_pod(pod, ctx) else {}
+    how = "GPUs are assigned by the device plugin, request nvidia.com/gpu instead"
+    if dra:
+        how = ("GPUs come from the pod's " + ", ".join(dict.fromkeys(d for ds in dra.values() for d in ds))
+               + ", not from this variable: remove it")
     for container in pod.containers():
         env = container.env
         if env and _names(env, VARIABLE):
-            findings.extend(_named(container, env))
+            findings.extend(_named(container, env, how))
         if container.env_from:
             findings.extend(_imported(container, ctx))
+    if unresolved:
+        severity = Severity.DENY if ctx.config.dra.unresolved_claims == "deny" else Severity.WARN
+        note = unresolved_note(c for cs in unresolved.values() for c in cs)
+        findings = [Finding(ID, severity, f"{f.message} (if the pod's claims hold a GPU; they could not be read: "
+                            f"{note})", f.path) if f.denies else f for f in findings]
     return findings
 
 
@@ -57,15 +83,14 @@ def _names(env: list[Any], name: str) -> bool:
     return any(isinstance(entry, dict) and entry.get("name") == name for entry in env)
 
 
-def _named(container: ContainerRef, env: list[Any]) -> Iterator[Finding]:
+def _named(container: ContainerRef, env: list[Any], how: str) -> Iterator[Finding]:
     for index, entry in enumerate(env):
         if isinstance(entry, dict) and entry.get("name") == VARIABLE:
-            how = "from valueFrom" if "valueFrom" in entry else "explicitly"
+            spelled = "from valueFrom" if "valueFrom" in entry else "explicitly"
             yield Finding(
                 ID,
                 Severity.DENY,
-                f"{container.label} sets {VARIABLE} {how}; GPUs are assigned by the device plugin, "
-                f"request nvidia.com/gpu instead",
+                f"{container.label} sets {VARIABLE} {spelled}; {how}",
                 f"{container.path}.env[{index}]",
             )
 

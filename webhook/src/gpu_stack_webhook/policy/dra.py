@@ -1,0 +1,165 @@
+"""GPUs from Dynamic Resource Allocation (resource.k8s.io/v1), read from a ResourceClaim spec: which of
+its requests ask for a GPU DeviceClass (policy dra.gpuDeviceClasses), and what the NVIDIA driver's opaque
+config says about sharing. Pure: no I/O; the claim spec comes from the request (GPU009), from
+`ctx.facts` (a pod's claims, rules/base.py) or from the other documents of `check`'s input.
+
+Upstream facts (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1, the newest tag of the snapshot we could
+read; tests/webhook/test_dra_upstream.py cites each file): the driver is `gpu.nvidia.com`; its opaque
+config is `{apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig | MigDeviceConfig, sharing:
+{strategy: TimeSlicing | MPS, timeSlicingConfig, mpsConfig: {defaultActiveThreadPercentage,
+defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit}}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_stack_webhook.policy.config import DRA_SHARING_STRATEGIES, DraPolicy
+from gpu_stack_webhook.policy.quantity import parse_quantity
+
+DRIVER = "gpu.nvidia.com"
+CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
+# KEP-5004 DRAExtendedResource: a container asking for deviceclass.resource.kubernetes.io/<class> gets a
+# device of that DeviceClass through a claim the scheduler makes.
+EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+MPS = "MPS"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+class DeviceRequest:
+    """One request of a claim (for `firstAvailable`, one per alternative; `name` is the request's)."""
+
+    __slots__ = ("admin_access", "all_devices", "device_class", "name", "path")
+
+    def __init__(self, name: str, device_class: Any, all_devices: bool, admin_access: bool, path: str) -> None:
+        self.name = name
+        self.device_class = device_class
+        self.all_devices = all_devices
+        self.admin_access = admin_access
+        self.path = path
+
+
+class SharingConfig:
+    """The `sharing` of an NVIDIA opaque config entry of a claim."""
+
+    __slots__ = ("has_memory_limit", "path", "requests", "strategy")
+
+    def __init__(self, strategy: str, has_memory_limit: bool, requests: tuple[str, ...], path: str) -> None:
+        self.strategy = strategy
+        self.has_memory_limit = has_memory_limit
+        self.requests = requests  # () applies to every request
+        self.path = path  # of the config entry's `opaque.parameters`
+
+
+class ClaimSpec:
+    """A ResourceClaimSpec as the policy reads it. `path`: where it sits ("spec", or "spec.spec" in a
+    template)."""
+
+    __slots__ = ("problems", "requests", "sharing")
+
+    def __init__(self, spec: Any, path: str = "spec") -> None:
+        devices = _dict(_dict(spec).get("devices"))
+        self.requests: list[DeviceRequest] = []
+        for i, item in enumerate(_list(devices.get("requests"))):
+            request = _dict(item)
+            name = str(request.get("name") or "")
+            at = f"{path}.devices.requests[{i}]"
+            exactly = request.get("exactly")
+            if isinstance(exactly, dict):
+                self.requests.append(_device_request(name, exactly, f"{at}.exactly"))
+            for j, alternative in enumerate(_list(request.get("firstAvailable"))):
+                self.requests.append(_device_request(name, _dict(alternative), f"{at}.firstAvailable[{j}]"))
+        self.sharing: list[SharingConfig] = []
+        # (path, what is wrong) for an NVIDIA opaque config the driver would refuse.
+        self.problems: list[tuple[str, str]] = []
+        for i, entry in enumerate(_list(devices.get("config"))):
+            self._read_config(_dict(entry), f"{path}.devices.config[{i}]")
+
+    def _read_config(self, entry: dict[str, Any], at: str) -> None:
+        opaque = _dict(entry.get("opaque"))
+        if opaque.get("driver") != DRIVER:
+            return
+        at = f"{at}.opaque.parameters"
+        parameters = opaque.get("parameters")
+        if not isinstance(parameters, dict):
+            self.problems.append((at, f"parameters of driver {DRIVER} are not an object"))
+            return
+        kind = parameters.get("kind")
+        if parameters.get("apiVersion") != CONFIG_API_VERSION:
+            self.problems.append((f"{at}.apiVersion", f"apiVersion is not {CONFIG_API_VERSION}"))
+            return
+        if kind not in SHARING_KINDS:
+            return  # VfioDeviceConfig, ComputeDomain configs: no sharing to judge
+        sharing = parameters.get("sharing")
+        if sharing is None:
+            return
+        if not isinstance(sharing, dict):
+            self.problems.append((f"{at}.sharing", "sharing is not an object"))
+            return
+        strategy = sharing.get("strategy")
+        if strategy not in DRA_SHARING_STRATEGIES:
+            self.problems.append((f"{at}.sharing.strategy",
+                                  f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"))
+            return
+        mps = sharing.get("mpsConfig")
+        if mps is not None and not isinstance(mps, dict):
+            self.problems.append((f"{at}.sharing.mpsConfig", "mpsConfig is not an object"))
+            return
+        limit = _dict(mps).get("defaultPinnedDeviceMemoryLimit")
+        if limit is not None and not _is_quantity(limit):
+            self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+                                  "defaultPinnedDeviceMemoryLimit is not a quantity"))
+            return
+        requests = tuple(str(r) for r in _list(entry.get("requests")))
+        self.sharing.append(SharingConfig(str(strategy), limit is not None, requests, at))
+
+    def gpu_requests(self, dra: DraPolicy) -> list[DeviceRequest]:
+        """The requests (alternatives) that name a GPU DeviceClass."""
+        return [r for r in self.requests if dra.is_gpu_class(r.device_class)]
+
+    def gpu_request_names(self, dra: DraPolicy) -> frozenset[str]:
+        return frozenset(r.name for r in self.gpu_requests(dra))
+
+    def applies(self, sharing: SharingConfig, request: str) -> bool:
+        return not sharing.requests or request in sharing.requests
+
+    def mps_for(self, dra: DraPolicy, request: str | None = None) -> bool:
+        """Does an MPS config apply to a GPU request (`request`, or any)?"""
+        names = self.gpu_request_names(dra)
+        wanted = names if request is None else names & {request}
+        return any(s.strategy == MPS and any(self.applies(s, n) for n in wanted) for s in self.sharing)
+
+
+def _device_request(name: str, spec: dict[str, Any], path: str) -> DeviceRequest:
+    return DeviceRequest(name, spec.get("deviceClassName"), spec.get("allocationMode") == "All",
+                         spec.get("adminAccess") is True, path)
+
+
+def _is_quantity(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return False
+    try:
+        return parse_quantity(value).is_finite()
+    except (ValueError, ArithmeticError):
+        return False
+
+
+def claim_spec_of(obj: Any, kind: str) -> ClaimSpec:
+    """The ClaimSpec of a ResourceClaim (spec) or a ResourceClaimTemplate (spec.spec)."""
+    spec = _dict(_dict(obj).get("spec"))
+    if kind == "ResourceClaimTemplate":
+        return ClaimSpec(spec.get("spec"), "spec.spec")
+    return ClaimSpec(spec, "spec")
+
+
+def extended_resource_class(resource: str) -> str:
+    """deviceclass.resource.kubernetes.io/gpu.nvidia.com -> gpu.nvidia.com; "" for any other name."""
+    return resource[len(EXTENDED_RESOURCE_PREFIX):] if resource.startswith(EXTENDED_RESOURCE_PREFIX) else ""
