@@ -575,3 +575,23 @@ def test_workers_threads_and_a_readiness_probe_inside_the_review_deadline() -> N
     container = one(resized, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert (env["GPU_STACK_WEBHOOK_WORKERS"], env["GPU_STACK_WEBHOOK_THREADS"]) == ("4", "2")
+
+
+@pytest.mark.parametrize(("set_json", "want"), [
+    ({}, []),
+    # The chart's DRA driver with MPS claims: the webhook lets claims ask for MPS (GPU009).
+    ({"dra.enabled": True, "dra.featureGates": {"MPSSupport": True}}, ["MPS"]),
+    ({"dra.enabled": True, "dra.featureGates": {"MPSSupport": True, "TimeSlicingSettings": True}},
+     ["MPS", "TimeSlicing"]),
+    # A gate turned off, or the driver not deployed by this chart, enables nothing.
+    ({"dra.enabled": True, "dra.featureGates": {"MPSSupport": False}}, []),
+    ({"dra.featureGates": {"MPSSupport": True}}, []),
+    # A driver deployed some other way: the policy list alone, merged with the chart's own.
+    ({"webhook.policy.dra.sharingStrategies": ["TimeSlicing"]}, ["TimeSlicing"]),
+    ({"webhook.policy.dra.sharingStrategies": ["MPS", "TimeSlicing"], "dra.enabled": True,
+      "dra.featureGates": {"MPSSupport": True}}, ["MPS", "TimeSlicing"]),
+])
+def test_dra_sharing_strategies_follow_the_drivers_feature_gates(set_json: dict[str, Any], want: list[str]) -> None:
+    policy = policy_of(objects(**set_json))
+    assert policy["dra"]["sharingStrategies"] == want
+    parse_config(policy, "policy")

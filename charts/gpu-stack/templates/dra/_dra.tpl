@@ -35,3 +35,15 @@ gpu.nvidia.com
 {{- define "gpu-stack.dra.mps" -}}
 {{- if get .Values.dra.featureGates "MPSSupport" }}true{{ end }}
 {{- end }}
+
+{{/* The GPU sharing strategies the webhook lets claims ask for (GPU009), as a JSON list: those in
+webhook.policy.dra.sharingStrategies, plus those the chart's DRA driver runs with (dra.enabled and its
+feature gate: MPSSupport gives MPS, TimeSlicingSettings gives TimeSlicing; featuregates.go of the driver). */}}
+{{- define "gpu-stack.dra.sharingStrategies" -}}
+{{- $strategies := .Values.webhook.policy.dra.sharingStrategies | default list }}
+{{- if .Values.dra.enabled }}
+{{- if get .Values.dra.featureGates "MPSSupport" }}{{ $strategies = append $strategies "MPS" }}{{ end }}
+{{- if get .Values.dra.featureGates "TimeSlicingSettings" }}{{ $strategies = append $strategies "TimeSlicing" }}{{ end }}
+{{- end }}
+{{- $strategies | uniq | sortAlpha | toJson }}
+{{- end }}

@@ -47,7 +47,7 @@ the nodes expose.
       "sharing" $sharing
       "mps" (dict "annotation" $p.mps.annotation "nodeSelector" $p.mps.nodeSelector "tolerations" $p.mps.tolerations "injectHostIPC" $p.mps.injectHostIPC "podSecurityConflict" $p.mps.podSecurityConflict)
       "rules" (dict "disabled" $p.rules.disabled "migUnexposed" $p.rules.migUnexposed)
-      "dra" (dict "gpuDeviceClasses" $p.dra.gpuDeviceClasses "allocationModeAllNamespaces" $p.dra.allocationModeAllNamespaces "adminAccessNamespaces" $p.dra.adminAccessNamespaces "sharingStrategies" $p.dra.sharingStrategies "mpsDefaultPinnedDeviceMemoryLimit" $p.dra.mpsDefaultPinnedDeviceMemoryLimit "unresolvedClaims" ($p.dra.unresolvedClaims | default (ternary "deny" "warn" (eq .Values.webhook.failurePolicy "Fail")))) }}
+      "dra" (dict "gpuDeviceClasses" $p.dra.gpuDeviceClasses "allocationModeAllNamespaces" $p.dra.allocationModeAllNamespaces "adminAccessNamespaces" $p.dra.adminAccessNamespaces "sharingStrategies" (include "gpu-stack.dra.sharingStrategies" . | fromJsonArray) "mpsDefaultPinnedDeviceMemoryLimit" $p.dra.mpsDefaultPinnedDeviceMemoryLimit "unresolvedClaims" ($p.dra.unresolvedClaims | default (ternary "deny" "warn" (eq .Values.webhook.failurePolicy "Fail")))) }}
 {{- toYaml $policy }}
 {{- end }}
 
