@@ -480,9 +480,9 @@ def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: lis
 
 def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
     return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
-            "in mirrored order (off, on, on, off; reversed the next round) so that a drift of the machine's speed "
-            "falls on both states alike, each batch after a warm-up; the ratio of the average latencies of the "
-            "same round. Configurations switched by deleting them (off), "
+            "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
+            "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
+            "latencies of the same round. Configurations switched by deleting them (off), "
             "creating them again as the chart rendered them (on), or patching every webhook's matchConditions to "
             "the constant `false` (floor), each time waiting until a dry-run GPU pod "
             f"setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off; floor, then {CONFIG_SETTLE:g} s more).",
