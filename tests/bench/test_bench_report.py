@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -71,11 +73,28 @@ def test_included_files_are_marked_and_say_which_commit_they_come_from() -> None
     assert analysis[1] == "## Analysis (hand-written: bench/analysis.md)"
     assert analysis[3].startswith("*Run: no run: hand-written; bench/analysis.md, ")
     assert analysis[-2] == "<!-- analysis:end -->"
-    # A file that carries its own markers (bench/inspect-scale.md) keeps one pair of them.
-    scale = "\n".join(report._included("inspect-scale", "make bench-inspect", report.INSPECT_SCALE, "x"))
+
+
+@pytest.mark.parametrize("stamped", [False, True])
+def test_an_included_file_with_its_own_markers_keeps_one_pair_and_names_its_run(
+        stamped: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/inspect-scale.md carries its own markers; `make bench-inspect` stamps it with its run, an
+    older file has no stamp and is named by the file and commit it comes from."""
+    monkeypatch.setattr(provenance, "file_origin", lambda path: "bench/inspect-scale.md, last changed at commit abc")
+    stamp = ["Run: 2026-11-25 18:57 UTC, commit 5e48fecbc176, `make bench-inspect`.", ""] if stamped else []
+    path = tmp_path / "inspect-scale.md"
+    path.write_text("\n".join(["<!-- inspect-scale:begin (bench/inspect_scale.py --report) -->",
+                               "## `kubectl gpu-stack inspect` at scale", "", *stamp, "| table |",
+                               "<!-- inspect-scale:end -->", ""]), encoding="utf-8")
+    scale = "\n".join(report._included("inspect-scale", "make bench-inspect", path, "x"))
     assert scale.count("<!-- inspect-scale:begin") == 1 and scale.count("<!-- inspect-scale:end -->") == 1
     rows = provenance.sources(scale)
-    assert len(rows) == 1 and "bench/inspect-scale.md" in rows[0][1]
+    assert len(rows) == 1
+    if stamped:
+        assert rows[0][1] == "2026-11-25 18:57 UTC, commit 5e48fecbc176, `make bench-inspect`"
+        assert "*Included from bench/inspect-scale.md, last changed at commit abc.*" in scale
+    else:
+        assert "bench/inspect-scale.md" in rows[0][1]
 
 
 def test_the_stamp_names_date_commit_and_command_and_is_what_the_table_reads() -> None:
