@@ -175,11 +175,8 @@ async def publish_nodes(url: str, context: Any, token: str, nodes: Sequence[flee
     async def worker(client: Any) -> None:
         for node in todo:
             await call(client, "POST", "/api/v1/nodes", node.manifest(), "application/json")
-            status = {"capacity": dict(node.resources), "allocatable": dict(node.resources),
-                      "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                      "message": "published by bench/scheduler_scale.py"}]}
             merge = "application/merge-patch+json"
-            await call(client, "PATCH", f"/api/v1/nodes/{node.name}/status", {"status": status}, merge)
+            await call(client, "PATCH", f"/api/v1/nodes/{node.name}/status", {"status": node.status()}, merge)
             await call(client, "PATCH", f"/api/v1/nodes/{node.name}",
                        {"spec": {"taints": [dict(t) for t in node.taints] or None}}, merge)
 

@@ -202,6 +202,12 @@ class PublishedNode:
         return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": dict(self.labels)},
                 "spec": spec}
 
+    def status(self) -> dict[str, Any]:
+        """The kubelet's part, for the status subresource: what the device plugin registered, and Ready."""
+        return {"capacity": dict(self.resources), "allocatable": dict(self.resources),
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "published by tests/e2e/fleet.py"}]}
+
 
 @dataclass(frozen=True)
 class _Sharing:
@@ -440,12 +446,8 @@ class Fleet:
         manifest["spec"]["taints"] = [*manifest["spec"].get("taints", []), self.taint]
         kubectl("create", "-f", "-", input=json.dumps(manifest))
         self.published.append(node.name)
-        # The kubelet's part: what the device plugin registered, and Ready.
-        status = {"capacity": dict(node.resources), "allocatable": dict(node.resources),
-                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                  "message": "published by tests/e2e/fleet.py"}]}
         kubectl("patch", "node", node.name, "--subresource=status", "--type=merge",
-                "-p", json.dumps({"status": status}))
+                "-p", json.dumps({"status": node.status()}))
         # The node lifecycle controller's part: a Ready node loses the not-ready taint the API server's
         # TaintNodesByCondition admission added at creation.
         taints = [*(copy.deepcopy(dict(t)) for t in node.taints), self.taint]
