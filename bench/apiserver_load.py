@@ -272,17 +272,25 @@ def webhook_configurations(cluster: e2elib.E2ECluster, release: e2elib.Release) 
     return [obj for kind in e2elib.WEBHOOK_KINDS for obj in cluster.get_json(kind, "-l", release.selector)["items"]]
 
 
-def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
-                   keep: bool) -> None:
-    """The release's configurations with the matchConditions the chart rendered (keep) or none at all."""
+def patch_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
+                     state: str) -> None:
+    """Every configuration of the release with the matchConditions of `state`: AFTER or ON, those the chart
+    rendered; BEFORE, none; FLOOR, the constant `false`."""
     # By kind and name: the chart names its mutating and validating configurations alike.
     by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in rendered}
     for obj in webhook_configurations(cluster, release):
-        patch = (calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]) if keep
-                 else calls_.without_conditions(obj))
+        patch = (calls_.without_conditions(obj) if state == calls_.BEFORE
+                 else calls_.floor_conditions(obj) if state == calls_.FLOOR
+                 else calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]))
         if patch:
             cluster.kubectl("patch", obj["kind"].lower(), obj["metadata"]["name"], "--type=json",
                             "-p", json.dumps(patch))
+
+
+def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
+                   keep: bool) -> None:
+    """The release's configurations with the matchConditions the chart rendered (keep) or none at all."""
+    patch_conditions(cluster, release, rendered, calls_.AFTER if keep else calls_.BEFORE)
     time.sleep(CONFIG_SETTLE)  # the API server's informer sees the change within this (see the notes)
 
 
@@ -303,15 +311,8 @@ def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list
         keep = ("name", "labels", "annotations")
         fresh = [{**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k in keep}} for obj in saved]
         cluster.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": fresh}))
-        current = webhook_configurations(cluster, release)
     if state != calls_.OFF:
-        by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in saved}
-        for obj in current:
-            patch = (calls_.floor_conditions(obj) if state == calls_.FLOOR
-                     else calls_.with_conditions(obj, by_name[obj["kind"], obj["metadata"]["name"]]))
-            if patch:
-                cluster.kubectl("patch", obj["kind"].lower(), obj["metadata"]["name"], "--type=json",
-                                "-p", json.dumps(patch))
+        patch_conditions(cluster, release, saved, state)
     probe = apiload.pod_body()
     probe["metadata"] = {"name": "bench-switch-probe"}
     probe["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
