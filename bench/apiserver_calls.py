@@ -24,6 +24,15 @@ ON, OFF = "webhook on (as the chart renders)", "webhook off (no configurations)"
 # nothing, as with OFF, but pays what evaluating any matchConditions costs it (the object and request
 # turned into CEL values per webhook), which no cheaper expression can save.
 FLOOR = "floor (every matchCondition `false`)"
+# How the creates are sent. CLOSED: `concurrency` clients, each sending its next create when the last is
+# answered, so the API server runs flat out and a create's latency grows with its CPU per create. A paced
+# load (`paced(rate)`): creates sent at a fixed rate whatever the answers (Poisson arrivals), as
+# controllers send them on a cluster whose API server has headroom.
+CLOSED = "closed loop"
+
+
+def paced(rate: float) -> str:
+    return f"paced, {rate:g} creates/s"
 
 
 def gpu_at(index: int, share: float = GPU_SHARE) -> bool:
@@ -92,6 +101,7 @@ class LatencyRun(Latencies):
 
     round: int
     state: str  # ON, OFF or FLOOR
+    load: str = CLOSED  # CLOSED or paced(rate)
     latencies_ms: list[float] = field(default_factory=list)
     total: int = 0
     failures: dict[str, int] = field(default_factory=dict)
@@ -102,15 +112,22 @@ class LatencyRun(Latencies):
         return 1000 * self.apiserver_cpu_s / len(self.latencies_ms) if self.latencies_ms else 0.0
 
 
-def latency_ratios(runs: Sequence[LatencyRun], state: str = ON) -> list[float]:
-    """avg(state) / avg(off) of each round that measured both."""
+def latency_ratios(runs: Sequence[LatencyRun], state: str = ON, load: str = CLOSED) -> list[float]:
+    """avg(state) / avg(off) of each round that measured both under `load`."""
+    runs = [r for r in runs if r.load == load]
     off = {r.round: r.avg_ms for r in runs if r.state == OFF}
     return [r.avg_ms / off[r.round] for r in sorted(runs, key=lambda r: r.round)
             if r.state == state and off.get(r.round)]
 
 
-def latency_verdict(runs: Sequence[LatencyRun]) -> tuple[bool, str]:
-    ratios = latency_ratios(runs)
+def loads_of(runs: Sequence[LatencyRun]) -> list[str]:
+    """The loads measured, CLOSED first, in the order met."""
+    return sorted(dict.fromkeys(r.load for r in runs), key=lambda load: load != CLOSED)
+
+
+def latency_verdict(runs: Sequence[LatencyRun], load: str = CLOSED) -> tuple[bool, str]:
+    runs = [r for r in runs if r.load == load]
+    ratios = latency_ratios(runs, load=load)
     if not ratios:
         return False, "no round measured both"
     failed = sum(r.total - len(r.latencies_ms) for r in runs)
@@ -158,35 +175,48 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
             failed = sum(r.creates - r.created for r in runs)
             out.append(f"| {config} | {key[0]} | {key[1]} | {', '.join(f'{v:.0f}' for v in values)} | "
                        f"{_med(values):.0f} | {failed} |")
-    ratios = latency_ratios(latency)
-    met, why = latency_verdict(latency)
     floor = any(r.state == FLOOR for r in latency)
     states = (OFF, ON, FLOOR) if floor else (OFF, ON)
     short = {OFF: "off", ON: "on", FLOOR: "floor"}
+    loads = loads_of(latency)
     out += ["", f"Create latency of pods without GPU ({ON} vs {OFF}: both configurations deleted, so the API "
             "server calls nothing" + (f"; {FLOOR}: the configurations present, every webhook's matchConditions "
                                       "the constant `false`, so the API server calls nothing but pays what "
                                       "evaluating any matchConditions costs" if floor else "")
-            + "), the pod without GPU and the client of the section above:", "",
-            "| round | " + " | ".join(f"{short[s]}: avg / p50 / p99 ms" for s in states) + " | on / off (avg) | "
-            + ("floor / off (avg) | " if floor else "")
+            + f"), the pod without GPU. Loads: `{CLOSED}`, the {concurrency} clients of the section above, each "
+            "sending its next create when the last is answered (the API server flat out: latency follows its "
+            "CPU per create)"
+            + "".join(f"; `{load}`, creates sent at that rate whatever the answers (Poisson arrivals, the same "
+                      "for every state; latency counted from when a create was due)" for load in loads[1:])
+            + ":", "",
+            "| round | load | " + " | ".join(f"{short[s]}: avg / p50 / p99 ms" for s in states)
+            + " | on / off (avg) | " + ("floor / off (avg) | " if floor else "")
             + "API server CPU ms per create, " + " / ".join(short[s] for s in states) + " | creates failed |",
-            "| ---: | " + "--- | " * len(states) + "---: | " + ("---: | " if floor else "") + "---: | ---: |"]
+            "| ---: | --- | " + "--- | " * len(states) + "---: | " + ("---: | " if floor else "") + "---: | ---: |"]
     for i in range(1, rounds + 1):
-        by = {r.state: r for r in latency if r.round == i}
-        if any(s not in by for s in states):
-            continue
-        cells = [f"{by[s].avg_ms:.1f} / {by[s].percentile_ms(50):.1f} / {by[s].percentile_ms(99):.1f}" for s in states]
-        shares = [f"{by[s].avg_ms / by[OFF].avg_ms if by[OFF].avg_ms else 0.0:.2f}" for s in states[1:]]
-        failed = sum(r.total - len(r.latencies_ms) for r in by.values())
-        cpu = " / ".join(f"{by[s].cpu_ms_per_create:.2f}" for s in states)
-        out.append(f"| {i} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {failed} |")
-    out += ["", f"Target (issue 25): non-GPU creates with the webhook on within {LATENCY_RATIO - 1:.0%} of off "
-            f"(median over the rounds of avg(on) / avg(off): {_med(ratios):.2f}x): "
-            f"**{'met' if met else 'not met'}**" + (f" ({why})." if why else ".")]
-    if floor:
-        out[-1] += (f" With every matchCondition the constant `false`: {_med(latency_ratios(latency, FLOOR)):.2f}x "
-                    "(median), the least any matchConditions cost the API server on this machine.")
+        for load in loads:
+            by = {r.state: r for r in latency if r.round == i and r.load == load}
+            if any(s not in by for s in states):
+                continue
+            cells = [f"{by[s].avg_ms:.1f} / {by[s].percentile_ms(50):.1f} / {by[s].percentile_ms(99):.1f}"
+                     for s in states]
+            shares = [f"{by[s].avg_ms / by[OFF].avg_ms if by[OFF].avg_ms else 0.0:.2f}" for s in states[1:]]
+            failed = sum(r.total - len(r.latencies_ms) for r in by.values())
+            cpu = " / ".join(f"{by[s].cpu_ms_per_create:.2f}" for s in states)
+            out.append(f"| {i} | {load} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {failed} |")
+    out.append("")
+    for load in loads:
+        ratios = latency_ratios(latency, load=load)
+        met, why = latency_verdict(latency, load)
+        line = (f"Target (issue 25), {load}: non-GPU creates with the webhook on within {LATENCY_RATIO - 1:.0%} "
+                f"of off (median over the rounds of avg(on) / avg(off): {_med(ratios):.2f}x): "
+                f"**{'met' if met else 'not met'}**" + (f" ({why})." if why else "."))
+        if floor:
+            line += (f" With every matchCondition the constant `false`: "
+                     f"{_med(latency_ratios(latency, FLOOR, load)):.2f}x (median), the least any matchConditions "
+                     "cost the API server on this machine.")
+        out += [line, ""]
+    out.pop()
     if notes:
         out += ["", *(f"* {n}" for n in notes)]
     out += [END]

@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 3] [--creates 1500] [--quick]
         [--part all|load|calls] [--calls-creates 1000] [--latency-creates 2000] [--calls-rounds 3]
-        [--calls-concurrency 20]
+        [--calls-concurrency 20] [--calls-rates 50]
 
 The `make e2e` control plane (hack/controlplane.py: etcd + kube-apiserver + kube-controller-manager
 v1.36) with the chart installed (default values). A ServiceAccount token POSTs two-container GPU pods
@@ -31,8 +31,10 @@ pointed at our webhook: `--calls-creates` mixed creates (every 10th pod asks for
 under (a) the chart's rendered configurations with every matchConditions removed and (b) as the chart
 renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
 by webhook name and type) per 1,000 creates; then creates of the pod without GPU with the configurations
-as rendered (on) and with no configurations at all (off), the ratio of the average latencies per round
-(target: within 5%). Its own section, between its own markers. `--part load|calls` runs one part only.
+as rendered (on), with no configurations at all (off) and with every matchCondition `false` (floor), the
+ratio of the average latencies per round (target: within 5%), under two loads: closed loop (the
+API server flat out) and paced at `--calls-rates` creates per second (Poisson arrivals, open loop).
+Its own section, between its own markers. `--part load|calls` runs one part only.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -341,10 +343,12 @@ Calls = dict[tuple[str, str], float]
 
 
 async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: int,
-                        pods: Callable[[int], dict[str, Any]]) -> tuple[apiload.LoadResult, Calls, float]:
+                        pods: Callable[[int], dict[str, Any]], rate: float | None = None
+                        ) -> tuple[apiload.LoadResult, Calls, float]:
     """Delete the namespace's pods, settle, a warm-up (one create per client, not counted), then `total`
-    creates; the webhook calls the API server counted during them, by (name, type), and the CPU seconds
-    the API server spent meanwhile."""
+    creates, closed loop with `concurrency` clients or, given a `rate`, paced at `rate` per second over
+    `concurrency` connections; the webhook calls the API server counted during them, by (name, type), and
+    the CPU seconds the API server spent meanwhile."""
     token = bench.tokens[namespace]
     async with apiload.session(bench.context, concurrency) as client:
         await delete_pods(client, bench.url, token, namespace)
@@ -352,14 +356,17 @@ async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: i
         await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
         before = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]])
-        result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
+        if rate is None:
+            result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
+        else:
+            result = await apiload.paced_batch(client, bench.url, token, namespace, total, rate, concurrency, pods)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
         after = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
     return result, calls_.delta(after, before), cpu
 
 
 def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
-                  rounds: int, concurrency: int
+                  rounds: int, concurrency: int, rates: Sequence[float] = ()
                   ) -> tuple[list[calls_.CallsRun], list[calls_.LatencyRun], dict[str, int]]:
     """Issue 25 item 6, with the configurations already pointed at our webhook."""
     rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
@@ -381,19 +388,22 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
         # falls on every state alike.
         order = (calls_.OFF, calls_.ON, calls_.FLOOR)
         order = order if i % 2 else order[::-1]
-        parts: dict[str, calls_.LatencyRun] = {state: calls_.LatencyRun(round=i, state=state) for state in order}
+        loads: list[tuple[str, float | None]] = [(calls_.CLOSED, None), *((calls_.paced(r), r) for r in rates)]
+        parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load)
+                 for state in order for load, _ in loads}
         for state in (*order, *reversed(order)):
             set_webhook(bench.cluster, release, rendered, namespace, state)
             half = latency_creates // 2
-            result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod))
-            part = parts[state]
-            part.apiserver_cpu_s += cpu
-            part.latencies_ms += [1000 * t for t in result.latencies]
-            part.total += half
-            for what, n in result.failures.items():
-                part.failures[what] = part.failures.get(what, 0) + n
-            print(f"  latency round {i} {state:38} {result.created}/{half} created, "
-                  f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
+            for load, rate in loads:
+                result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod, rate))
+                part = parts[state, load]
+                part.apiserver_cpu_s += cpu
+                part.latencies_ms += [1000 * t for t in result.latencies]
+                part.total += half
+                for what, n in result.failures.items():
+                    part.failures[what] = part.failures.get(what, 0) + n
+                print(f"  latency round {i} {state:38} {load:22} {result.created}/{half} created, "
+                      f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
         latency += parts.values()
         set_webhook(bench.cluster, release, rendered, namespace, calls_.ON)
     return calls, latency, calls_.conditions_of(rendered)
@@ -415,6 +425,9 @@ class CallsPlan:
     latency_creates: int = 2000
     rounds: int = 3
     concurrency: int = 20
+    # Paced loads besides the closed loop: creates per second sent whatever the answers. 50/s is a busy
+    # cluster's controllers (a wide Job or a rollout); this API server does 500-700/s flat out.
+    rates: tuple[float, ...] = (50.0,)
 
 
 @dataclass
@@ -470,7 +483,7 @@ def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: lis
             point_at(cluster, ours, release, judged, EXPECT[OURS])
             calls, latency, conditions = measure_calls(bench, release, judged, calls_plan.creates,
                                                        calls_plan.latency_creates, calls_plan.rounds,
-                                                       calls_plan.concurrency)
+                                                       calls_plan.concurrency, calls_plan.rates)
             calls_result = CallsResult(calls, latency, conditions, time.monotonic() - began)
     finally:
         for hook in (ours, bare, answering):
@@ -483,7 +496,10 @@ def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
     return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
             "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
             "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
-            "latencies of the same round. Configurations switched by deleting them (off), "
+            "latencies of the same round and load"
+            + (f"; each batch once per load (closed loop, then paced at {', '.join(f'{r:g}' for r in plan.rates)} "
+               "creates/s over the same number of connections)" if plan.rates else "")
+            + ". Configurations switched by deleting them (off), "
             "creating them again as the chart rendered them (on), or patching every webhook's matchConditions to "
             "the constant `false` (floor), each time waiting until a dry-run GPU pod "
             f"setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off; floor, then {CONFIG_SETTLE:g} s more).",
@@ -526,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="creates of the pod without GPU per state (webhook on / off) and round")
     parser.add_argument("--calls-rounds", type=int, default=CallsPlan.rounds)
     parser.add_argument("--calls-concurrency", type=int, default=CallsPlan.concurrency)
+    parser.add_argument("--calls-rates", type=float, nargs="*", default=list(CallsPlan.rates), metavar="PER_S",
+                        help="paced loads measured besides the closed loop (creates per second; none: closed only)")
     args = parser.parse_args(argv)
     calls_result: CallsResult | None = None
     calls_plan: CallsPlan | None = None
@@ -535,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         creates, rounds = (200, 1) if args.quick else (args.creates, args.rounds)
         calls_plan = (CallsPlan(creates=args.calls_creates, latency_creates=300 if args.quick else args.latency_creates,
-                                rounds=1 if args.quick else args.calls_rounds, concurrency=args.calls_concurrency)
+                                rounds=1 if args.quick else args.calls_rounds, concurrency=args.calls_concurrency,
+                                rates=tuple(args.calls_rates))
                       if args.part != "load" else None)
         measured_targets = tuple(args.targets) if args.part != "calls" else ()
         given = argv if argv is not None else sys.argv[1:]

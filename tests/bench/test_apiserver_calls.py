@@ -4,6 +4,7 @@ mixed creates, the API server's call counter read by webhook and type, the match
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import apiserver_calls as ac
+
+from tests.e2e.apiload import arrivals
 
 
 def _sample(name: str, operation: str, rejected: str, kind: str, value: int) -> str:
@@ -95,8 +98,9 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     assert f"| {ac.AFTER} | validate.gpu-stack.io | validating | 100 | 100 | 1 |" in text
     assert "50 of them (10%) asking for a GPU" in text
     assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
-    assert "| 1 | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
-    assert "(median over the rounds of avg(on) / avg(off): 1.03x): **met**." in text
+    assert f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
+    assert (f"Target (issue 25), {ac.CLOSED}: non-GPU creates with the webhook on within 5% of off (median over the "
+            "rounds of avg(on) / avg(off): 1.03x): **met**.") in text
 
 
 def test_the_floor_is_shown_beside_on_and_off_and_does_not_change_the_verdict() -> None:
@@ -107,11 +111,38 @@ def test_the_floor_is_shown_beside_on_and_off_and_does_not_change_the_verdict() 
     assert ac.latency_ratios(latency, ac.FLOOR) == pytest.approx([1.15, 1.1])
     assert ac.latency_verdict(latency) == (False, "median 1.16x > 1.05x")
     text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
-    assert ("| round | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | floor: avg / p50 / p99 ms | on / off (avg) "
-            "| floor / off (avg) | API server CPU ms per create, off / on / floor | creates failed |") in text
-    assert ("| 1 | 100.0 / 100.0 / 100.0 | 120.0 / 120.0 / 120.0 | 115.0 / 115.0 / 115.0 | 1.20 | 1.15 "
+    assert ("| round | load | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | floor: avg / p50 / p99 ms "
+            "| on / off (avg) | floor / off (avg) | API server CPU ms per create, off / on / floor "
+            "| creates failed |") in text
+    assert (f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 120.0 / 120.0 / 120.0 | 115.0 / 115.0 / 115.0 | 1.20 | 1.15 "
             "| 3.00 / 5.00 / 4.50 | 0 |") in text
     assert "With every matchCondition the constant `false`: 1.12x (median)" in text
+
+
+def test_each_load_is_judged_on_its_own_rounds() -> None:
+    paced = ac.paced(50)
+    latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 130),
+               ac.LatencyRun(round=1, state=ac.OFF, load=paced, latencies_ms=[20.0] * 10, total=10),
+               ac.LatencyRun(round=1, state=ac.ON, load=paced, latencies_ms=[20.6] * 10, total=11)]
+    assert ac.loads_of(list(reversed(latency))) == [ac.CLOSED, paced]
+    assert ac.latency_ratios(latency) == pytest.approx([1.3])
+    assert ac.latency_ratios(latency, load=paced) == pytest.approx([1.03])
+    assert ac.latency_verdict(latency) == (False, "median 1.30x > 1.05x")
+    assert ac.latency_verdict(latency, paced) == (False, "1 creates failed")  # the paced on batch lost one
+    text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
+    assert "| 1 | paced, 50 creates/s | 20.0 / 20.0 / 20.0 | 20.6 / 20.6 / 20.6 | 1.03 |" in text
+    assert "Target (issue 25), closed loop: " in text and "Target (issue 25), paced, 50 creates/s: " in text
+    assert "`paced, 50 creates/s`, creates sent at that rate whatever the answers" in text
+
+
+def test_paced_arrivals_are_a_seeded_poisson_process() -> None:
+    times = arrivals(20_000, 50.0, seed=25)
+    assert times == arrivals(20_000, 50.0, seed=25) != arrivals(20_000, 50.0, seed=26)
+    assert times == sorted(times) and times[0] > 0
+    assert times[-1] / 20_000 == pytest.approx(1 / 50, rel=0.03)  # the mean gap is 1 / rate
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # P(gap > 3 / rate) = e^-3
+    assert sum(g > 3 / 50 for g in gaps) / len(gaps) == pytest.approx(0.0498, abs=0.01)
 
 
 def test_the_floor_patch_gives_every_webhook_one_false_condition() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import ssl
 import statistics
 import subprocess
@@ -111,41 +112,90 @@ class LoadResult:
                 + (f"; failures: {fails}" if fails else ""))
 
 
+class _Creates:
+    """The POST of create number i and the bookkeeping of its outcome, shared by the closed-loop and the
+    paced batches."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, token: str, namespace: str, total: int,
+                 concurrency: int, pods: Callable[[int], dict[str, Any]] | None) -> None:
+        self.session = session
+        self.body = json.dumps(pod_body()).encode()
+        self.distinct = {i: json.dumps(pods(i)).encode() for i in range(total)} if pods is not None else {}
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": "application/json"}
+        self.target = f"{url}/api/v1/namespaces/{namespace}/pods"
+        self.result = LoadResult(total, concurrency, 0.0)
+
+    async def create(self, i: int, started: float) -> None:
+        """POST create number i; its latency counts from `started` (a perf_counter reading)."""
+        result = self.result
+        try:
+            async with self.session.post(self.target, data=self.distinct.get(i, self.body),
+                                         headers=self.headers) as reply:
+                text = await reply.read()
+                if reply.status == 201:
+                    result.latencies.append(time.perf_counter() - started)
+                else:
+                    try:
+                        message = json.loads(text).get("message", "")
+                    except ValueError:
+                        message = text[:200].decode(errors="replace")
+                    result.failures[f"HTTP {reply.status}: {message[:160]}"] += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            result.failures[f"{type(exc).__name__}: {str(exc)[:160]}"] += 1
+
+
 async def create_batch(session: aiohttp.ClientSession, url: str, token: str, namespace: str, total: int,
                        concurrency: int, pods: Callable[[int], dict[str, Any]] | None = None) -> LoadResult:
     """`total` pod creates with `concurrency` in flight on an open session (its keep-alive connections
     to the API server are reused from one batch to the next); create number i POSTs pods(i), by default
-    pod_body()."""
-    body = json.dumps(pod_body()).encode()
-    distinct: dict[int, bytes] = {}
-    if pods is not None:
-        distinct = {i: json.dumps(pods(i)).encode() for i in range(total)}
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"}
-    target = f"{url}/api/v1/namespaces/{namespace}/pods"
-    result = LoadResult(total, concurrency, 0.0)
+    pod_body(). Closed loop: each client sends its next create when the last is answered, so the API
+    server runs as fast as it can and latency grows with what every create costs it."""
+    creates = _Creates(session, url, token, namespace, total, concurrency, pods)
     todo = iter(range(total))
 
     async def worker() -> None:
         for i in todo:
-            started = time.perf_counter()
-            try:
-                async with session.post(target, data=distinct.get(i, body), headers=headers) as reply:
-                    text = await reply.read()
-                    if reply.status == 201:
-                        result.latencies.append(time.perf_counter() - started)
-                    else:
-                        try:
-                            message = json.loads(text).get("message", "")
-                        except ValueError:
-                            message = text[:200].decode(errors="replace")
-                        result.failures[f"HTTP {reply.status}: {message[:160]}"] += 1
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                result.failures[f"{type(exc).__name__}: {str(exc)[:160]}"] += 1
+            await creates.create(i, time.perf_counter())
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    result.seconds = time.perf_counter() - began
-    return result
+    creates.result.seconds = time.perf_counter() - began
+    return creates.result
+
+
+def arrivals(total: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each of `total` creates is sent: a Poisson process of `rate` per
+    second (exponential gaps), the same for the same seed, so every state of a comparison gets the same
+    arrivals."""
+    gaps = random.Random(seed)
+    at, out = 0.0, []
+    for _ in range(total):
+        at += gaps.expovariate(rate)
+        out.append(at)
+    return out
+
+
+async def paced_batch(session: aiohttp.ClientSession, url: str, token: str, namespace: str, total: int,
+                      rate: float, connections: int, pods: Callable[[int], dict[str, Any]] | None = None,
+                      seed: int = 25) -> LoadResult:
+    """`total` pod creates sent at `rate` per second (Poisson arrivals, `arrivals`) whatever the answers,
+    over at most `connections` keep-alive connections: the open loop of controllers creating pods. A
+    create's latency counts from when it was due, so a create that waited for a free connection or for
+    the event loop is charged with the wait (no coordinated omission)."""
+    creates = _Creates(session, url, token, namespace, total, connections, pods)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    clock_offset = time.perf_counter() - began
+    tasks = []
+    for i, due in enumerate(arrivals(total, rate, seed)):
+        delay = began + due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(creates.create(i, clock_offset + began + due)))
+    await asyncio.gather(*tasks)
+    creates.result.seconds = loop.time() - began
+    return creates.result
 
 
 def session(context: ssl.SSLContext, concurrency: int, timeout: float = 60.0) -> aiohttp.ClientSession:
