@@ -126,8 +126,8 @@ def loads_of(runs: Sequence[LatencyRun]) -> list[str]:
 
 
 def latency_verdict(runs: Sequence[LatencyRun], load: str = CLOSED) -> tuple[bool, str]:
-    runs = [r for r in runs if r.load == load]
     ratios = latency_ratios(runs, load=load)
+    runs = [r for r in runs if r.load == load]
     if not ratios:
         return False, "no round measured both"
     failed = sum(r.total - len(r.latencies_ms) for r in runs)

@@ -372,6 +372,7 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
     rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
     calls: list[calls_.CallsRun] = []
     latency: list[calls_.LatencyRun] = []
+    loads: list[tuple[str, float | None]] = [(calls_.CLOSED, None), *((calls_.paced(r), r) for r in rates)]
     for i in range(1, rounds + 1):
         for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
             set_conditions(bench.cluster, release, rendered, keep=config == calls_.AFTER)
@@ -388,7 +389,6 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
         # falls on every state alike.
         order = (calls_.OFF, calls_.ON, calls_.FLOOR)
         order = order if i % 2 else order[::-1]
-        loads: list[tuple[str, float | None]] = [(calls_.CLOSED, None), *((calls_.paced(r), r) for r in rates)]
         parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load)
                  for state in order for load, _ in loads}
         for state in (*order, *reversed(order)):
