@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-interpreted e2e demo lint bench bench-inspect helm promtool clean fuzz soak image
+.PHONY: all venv test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image
 
 all: test
 
@@ -68,10 +68,32 @@ test-interpreted: $(PURE_STAMP)
 # The chart and the webhook against a real API server (tests/e2e, marker e2e): a throwaway control plane
 # from KUBEBUILDER_ASSETS (prepared by hack/envtest-assets.sh from ../shared/envtest when unset), or the
 # cluster of KUBECONFIG with GPU_STACK_E2E_CLUSTER=existing. One plane for the session, tests in series.
+# As root, the tests run inside network and mount namespaces of their own (hack/netns.py) and
+# tests/e2e/node/ also starts a real node (hack/node.py: kubelet, containerd + gVisor, CNI, kube-proxy) that
+# runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip.
 e2e: $(STAMP) helm
 	@if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then \
 	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
+	  if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && $(PY) hack/netns.py check >/dev/null; then \
+	    $(MAKE) --no-print-directory e2e-image || exit 1; \
+	    exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
+	  fi; \
+	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip" >&2; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
+
+# The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with buildah
+# (Debian's, installed by hack/ensure-node.sh), on a stand-in base made from Debian packages
+# (hack/image/standin-base.sh: no registry serves python:3.11-slim-bookworm here), trusting the CA bundle
+# pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import.
+E2E_IMAGE ?= localhost/gpu-stack-webhook:e2e
+E2E_IMAGE_ARCHIVE ?= .tools/images/gpu-stack-webhook-e2e.tar
+e2e-image:
+	@hack/ensure-node.sh
+	@mkdir -p $(dir $(E2E_IMAGE_ARCHIVE)) && rm -f $(E2E_IMAGE_ARCHIVE)
+	@base="$$(hack/image/standin-base.sh)" && \
+	  BUILDAH_ISOLATION=chroot BUILDAH_LAYERS=true PYTHON_IMAGE="$$base" IMAGE_ARCHIVE="$(E2E_IMAGE_ARCHIVE)" \
+	  CA_BUNDLE="$${CA_BUNDLE:-$${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}" \
+	  $(MAKE) --no-print-directory image IMAGE=$(E2E_IMAGE)
 
 # ruff, mypy (strict on policy/ and admission/), the import contract (lint-imports: the layers of the
 # package, no Flask/Kubernetes client/I/O in the policy core; [tool.importlinter] in pyproject.toml); then
@@ -83,9 +105,11 @@ lint: $(STAMP) helm
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) hack/chart-scan.py
 
-# The webhook image: webhook/Dockerfile built (context webhook/) by docker, podman or buildah, the first of
-# them on PATH (hack/build-image.sh). IMAGE defaults to gpu-stack-webhook:<appVersion of charts/gpu-stack>;
-# push it yourself and install with --set webhook.image.repository=... --set webhook.image.tag=...
+# The webhook image: webhook/Dockerfile built (context webhook/) by the first of docker, podman, buildah on PATH
+# that can build (hack/build-image.sh: one that cannot, e.g. a docker client without a daemon, is reported and
+# the next tried). IMAGE defaults to gpu-stack-webhook:<appVersion of charts/gpu-stack>; PYTHON_IMAGE (another
+# base), CA_BUNDLE and IMAGE_ARCHIVE in the environment as the script says. Push it yourself and install with
+# --set webhook.image.repository=... --set webhook.image.tag=...
 image:
 	hack/build-image.sh "$(IMAGE)"
 

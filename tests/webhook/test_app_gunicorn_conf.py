@@ -34,7 +34,7 @@ def test_every_setting_is_a_valid_gunicorn_setting() -> None:
     assert config.graceful_timeout < 30  # inside the default terminationGracePeriodSeconds
     assert config.limit_request_fields == 50
     assert config.is_ssl
-    assert config.reuse_port is True  # one listening socket per worker: the kernel spreads connections
+    assert config.reuse_port is True  # one listening socket per worker where the kernel allows it
     assert config.worker_class.__name__ == "PollingThreadWorker"
     assert config.control_socket_disable is True
 

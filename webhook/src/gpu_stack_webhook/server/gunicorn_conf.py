@@ -1,7 +1,8 @@
 """Production gunicorn settings for `gpu-stack-webhook serve`, built in code (no config file to mount).
 
 * gthread workers with the TLS handshake and the wait for a request on the poller (worker.py, issue 18),
-  one listening socket per worker (reuse_port: the kernel spreads connections over the workers)
+  one listening socket per worker (reuse_port: the kernel spreads connections over the workers) where the
+  runtime allows a second SO_REUSEPORT bind, else one listening socket shared by the workers (listeners.py)
   (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or
   --workers / --threads): the policy is CPU-light, threads cover concurrent apiserver connections.
 * keep-alive 100 s: longer than the apiserver's idle timeout for webhook connections (Go's 90 s
@@ -32,7 +33,7 @@ from gunicorn import glogging
 from prometheus_client import multiprocess
 from prometheus_client import values as prometheus_values
 
-from gpu_stack_webhook.server import metric_values, slowclients
+from gpu_stack_webhook.server import listeners, metric_values, slowclients
 from gpu_stack_webhook.server.tls_context import reloading_context
 from gpu_stack_webhook.settings import DEFAULT_REQUEST_TIMEOUT, DEFAULT_THREADS, DEFAULT_WORKERS, Settings
 
@@ -178,8 +179,9 @@ def settings(options: ServeOptions) -> dict[str, Any]:
         # gthread with the TLS handshake and the wait for a request on its poller (worker.py).
         "worker_class": WORKER_CLASS,
         # One listening socket per worker (SO_REUSEPORT): the kernel spreads new connections over the
-        # workers, instead of whichever worker wakes first taking a whole burst of them.
-        "reuse_port": True,
+        # workers, instead of whichever worker wakes first taking a whole burst of them. Where the runtime
+        # refuses that (gVisor), the workers share the master's socket rather than crash-loop (listeners.py).
+        "reuse_port": listeners.reuse_port_works(options.bind),
         "workers": options.workers,
         "threads": options.threads,
         "keepalive": KEEPALIVE_SECONDS,
