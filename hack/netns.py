@@ -19,6 +19,7 @@ namespace (as /proc/self/ns/net names it), so it can tell that it runs elsewhere
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -49,7 +50,7 @@ def inside() -> bool:
 
 
 def processes_in(netns: str) -> list[int]:
-    """The pids whose network namespace is `netns` (a /proc/PID/ns/net link text, e.g. net:[4026532]).""" 
+    """The pids whose network namespace is `netns` (a /proc/PID/ns/net link text, e.g. net:[4026532])."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -67,10 +68,8 @@ def kill_all_in(netns: str) -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.1)
 
 

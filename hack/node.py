@@ -15,8 +15,8 @@ Why each piece is as it is (every one of these was hit on these machines):
 - the kubelet: cgroupfs driver, no QoS cgroups, no node-allocatable enforcement, no eviction thresholds and
   no local-storage isolation (it cannot manage cgroups here), `failCgroupV1: false`; an address that is not
   in 127.0.0.0/8 (it refuses loopback node IPs), added to `lo` of the private namespace.
-- images: none can be pulled; `pause` and a busybox image are built from Debian's busybox-static with buildah
-  (hack/image/node-images.sh) and imported, as the webhook image is (`load_image`).
+- images: none can be pulled; `pause`, busybox and kubectl images are built from Debian's static binaries with
+  buildah (hack/image/node-images.sh) and imported, as the webhook image is (`load_image`).
 - pods reach the API server through the `kubernetes` Service: kube-proxy (iptables) to the advertised
   node address. Pods have no cluster DNS: nothing here resolves names.
 Processes are started in sessions of their own and stopped by pid (kubelet and kube-proxy first, then every
@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import controlplane  # noqa: E402
-import netns  # noqa: E402
-from controlplane_pki import write_client_cert, write_kubeconfig  # noqa: E402
+import controlplane
+import netns
+from controlplane_pki import write_client_cert, write_kubeconfig
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_IP = "10.77.0.1"
@@ -48,6 +48,7 @@ NODE_NAME = "e2e-node"
 POD_CIDR = "10.88.0.0/24"
 PAUSE_IMAGE = "localhost/pause:3.10"
 BUSYBOX_IMAGE = "localhost/busybox:e2e"
+KUBECTL_IMAGE = "localhost/kubectl:e2e"
 IMAGES_DIR = ROOT / ".tools" / "images"
 DEBIAN_PACKAGES = ("containerd", "runsc", "containernetworking-plugins", "iptables", "busybox-static", "buildah")
 CNI_BIN = Path("/usr/lib/cni")
@@ -101,7 +102,7 @@ class Node:
         try:
             self._network()
             self._start_containerd()
-            self.load_image(*node_images())
+            self.load_image(*node_images(self.cluster.kubectl))
             self._start_kubelet()
             self._start_kube_proxy()
             self._wait_ready()
@@ -153,6 +154,9 @@ class Node:
             # the kubelet refuses node IPs in 127.0.0.0/8; these kernels have no dummy link driver
             subprocess.run(["ip", "addr", "add", f"{self.ip}/32", "dev", "lo"], check=True)
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        # This namespace has no default route: without a route to Service IPs the kernel refuses a connection
+        # from the node itself (a test, the kubelet's probes) before kube-proxy's OUTPUT rules can rewrite it.
+        subprocess.run(["ip", "route", "replace", controlplane.SERVICE_CIDR, "dev", "lo", "src", self.ip], check=True)
 
     def _start_containerd(self) -> None:
         cni = self.dir / "cni"
@@ -265,13 +269,13 @@ state = "{self.dir}/containerd/state"
             time.sleep(1)
 
 
-def node_images() -> tuple[Path, Path]:
-    """The pause and busybox image archives (hack/image/node-images.sh builds them once)."""
-    out = subprocess.run([str(ROOT / "hack" / "image" / "node-images.sh"), str(IMAGES_DIR)], capture_output=True,
-                         text=True, check=False)
+def node_images(kubectl: str) -> tuple[Path, Path, Path]:
+    """The pause, busybox and kubectl image archives (hack/image/node-images.sh builds them once)."""
+    out = subprocess.run([str(ROOT / "hack" / "image" / "node-images.sh"), str(IMAGES_DIR), kubectl],
+                         capture_output=True, text=True, check=False)
     if out.returncode:
         raise NodeError(f"hack/image/node-images.sh failed:\n{out.stderr}")
-    return IMAGES_DIR / "pause.tar", IMAGES_DIR / "busybox.tar"
+    return IMAGES_DIR / "pause.tar", IMAGES_DIR / "busybox.tar", IMAGES_DIR / "kubectl.tar"
 
 
 def _pids_mentioning(text: str) -> list[int]:

@@ -1,0 +1,108 @@
+"""Tests on a real node: the chart's pods run (kubelet v1.36.2, containerd + gVisor, CNI bridge, kube-proxy).
+
+`make e2e` runs them as root inside network and mount namespaces of their own (hack/netns.py) after building
+the webhook image with `make image` (the Makefile's e2e-image). Elsewhere (not root, an existing cluster)
+every test here is skipped with the reason.
+
+Fixtures (package scope: one plane and one node for this directory, stopped when its tests are done):
+- `real_node`: the running hack/node.Node (`.name`, `.kubelet_root`, `.ctr(...)`, `.log_tail(name)`,
+  `.load_image(path)`), on a control plane of its own (`.cluster`).
+- `cluster`: an E2ECluster for that plane (overrides tests/e2e/conftest.py's): `releases` installs into it.
+- `webhook_image`: (repository, tag) of the image `make image` built, imported into the node.
+- `installed`: the chart installed once with the defaults plus what this machine needs (see INSTALL_ARGS)
+  and `--wait`; shared by the tests that only look at it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import netns
+import node
+import pytest
+
+from ..e2elib import ROOT, E2ECluster, Release, Releases, controlplane
+from .podlogs import explain_pods
+
+IMAGE = os.environ.get("E2E_IMAGE", "localhost/gpu-stack-webhook:e2e")
+IMAGE_ARCHIVE = Path(os.environ.get("E2E_IMAGE_ARCHIVE", ROOT / ".tools" / "images" / "gpu-stack-webhook-e2e.tar"))
+TEST_NAMESPACE = "gpu-stack-helm-test"
+# What this machine needs beside the image, each for a reason a user would not have:
+# - nfd.enabled=false: NFD's images cannot be pulled here (no registry), and a Deployment that never becomes
+#   Ready fails `--wait`. A cluster that already runs NFD installs the same way.
+# - helmTests.kubectlImage: `helm test` runs kubectl with bash; registry.k8s.io/kubectl cannot be pulled, so
+#   a stand-in with bash and the same kubectl v1.36 (hack/image/node-images.sh) runs instead.
+# - helmTests.cudaSample=false, helmTests.bringUp=false: the CUDA sample needs a GPU, and the bring-up test
+#   waits for the GPU agents' DaemonSets to run on GPU nodes; there are none here.
+# - helmTests.namespace: the denial test runs only in a namespace the webhook covers (NOTES says so).
+INSTALL_SET = {
+    "nfd.enabled": False,
+    "webhook.helmTests.kubectlImage": node.KUBECTL_IMAGE,
+    "webhook.helmTests.cudaSample": False,
+    "webhook.helmTests.bringUp": False,
+    "webhook.helmTests.namespace": TEST_NAMESPACE,
+}
+
+
+def image_parts(image: str = IMAGE) -> tuple[str, str]:
+    repository, _, tag = image.rpartition(":")
+    return repository, tag
+
+
+@pytest.fixture(scope="package")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[node.Node]:
+    if os.environ.get("GPU_STACK_E2E_CLUSTER") == "existing":
+        pytest.skip("a real node is started only beside a throwaway control plane, not on an existing cluster")
+    if not netns.inside():
+        pytest.skip("a real node runs only inside namespaces of its own: run as root through `make e2e` "
+                    f"({netns.can_isolate() or 'hack/netns.py run -- pytest ...'})")
+    assets = controlplane.resolve_assets(prepare=True)
+    if assets is None:
+        pytest.fail("no envtest assets (hack/envtest-assets.sh)")
+    missing = node.missing_prerequisites(assets)
+    if missing:
+        pytest.fail(f"a real node needs {', '.join(missing)} (hack/ensure-node.sh, hack/envtest-assets.sh)")
+    if not IMAGE_ARCHIVE.is_file():
+        pytest.fail(f"{IMAGE_ARCHIVE} is missing: `make e2e-image` builds it with `make image`")
+    with controlplane.ControlPlane(assets, node_ip=node.NODE_IP) as plane, node.Node(plane) as real:
+        real.load_image(IMAGE_ARCHIVE)
+        yield real
+
+
+@pytest.fixture(scope="package")
+def cluster(real_node: node.Node, tmp_path_factory: pytest.TempPathFactory) -> E2ECluster:
+    return E2ECluster.from_controlplane(real_node.cluster, tmp_path_factory.mktemp("helm-home-node"))
+
+
+@pytest.fixture(scope="package")
+def webhook_image(real_node: node.Node) -> tuple[str, str]:
+    return image_parts()
+
+
+def install_values(**extra: object) -> dict[str, object]:
+    repository, tag = image_parts()
+    return {"webhook.image.repository": repository, "webhook.image.tag": tag, **INSTALL_SET, **extra}
+
+
+def install_and_wait(releases: Releases, overlay: str | None = None, *, name: str = "gpu-stack",
+                     namespace: str | None = None, timeout: str = "4m", **extra: object) -> Release:
+    """`helm install --wait` of the chart with INSTALL_SET and the image; a failure shows what the pods say."""
+    release, proc = releases.install(overlay, name=name, namespace=namespace, set_json=install_values(**extra),
+                                     extra=["--wait", "--timeout", timeout], webhook_image=None, check=False)
+    if proc.returncode:
+        pytest.fail(f"helm install --wait failed:\n{proc.stderr}\n{explain_pods(releases.cluster, release.namespace)}")
+    return release
+
+
+@pytest.fixture(scope="package")
+def installed(cluster: E2ECluster) -> Iterator[Release]:
+    """One release shared by the tests that only look at it: Chart-values-examples/per-node-configs.yaml (the
+    overlay README's kubectl examples come from), INSTALL_SET and the image, `helm install --wait`."""
+    helper = Releases(cluster)
+    cluster.create_namespace(TEST_NAMESPACE)
+    try:
+        yield install_and_wait(helper, "per-node-configs.yaml", namespace="gpu-stack")
+    finally:
+        helper.cleanup()
