@@ -400,3 +400,52 @@ def test_with_validation_in_cel_only_the_mutating_configuration_is_patched_and_o
     assert status.ready
     assert stored(fake).owner_references[0]["kind"] == MUTATING
     assert set(fake.configs[(MUTATING, CONFIG)].ca_bundles.values()) == {stored(fake).data[CA_CRT]}
+
+
+def test_a_deleted_secret_is_made_again_as_soon_as_the_watch_says_so(tmp_path: Path) -> None:
+    from gpu_stack_webhook.tls.selfmanaged import Renewer  # noqa: PLC0415
+
+    fake = standard_fake()
+    s = settings(tmp_path)
+    manager = TlsManager(fake, s)
+    assert manager.reconcile().ready
+    old_ca = stored(fake).data[CA_CRT]
+    changed = threading.Event()
+
+    def changes(seconds: float) -> bool:  # the watch: returns when the Secret changes
+        assert seconds > 3000  # without the watch the next check would be an hour away
+        return changed.wait(seconds)
+
+    renewer = Renewer(manager, interval=3600, changes=changes)
+    renewer.start()
+    try:
+        del fake.secrets[(s.namespace, s.secret_name)]
+        changed.set()
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=10)
+        while (s.namespace, s.secret_name) not in fake.secrets and datetime.datetime.now() < deadline:
+            threading.Event().wait(0.05)
+        new_ca = stored(fake).data[CA_CRT]
+        assert new_ca != old_ca
+        assert_served_cert_is_trusted(fake, s)
+    finally:
+        renewer.stop()
+
+
+def test_a_watch_that_fails_falls_back_to_the_interval_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from gpu_stack_webhook.tls.selfmanaged import Renewer  # noqa: PLC0415
+
+    calls = []
+
+    def forbidden(seconds: float) -> bool:
+        calls.append(seconds)
+        raise ApiUnavailable(403, "Forbidden", "secrets is forbidden: cannot watch")
+
+    renewer = Renewer(TlsManager(standard_fake(), settings(tmp_path)), interval=0.05, changes=forbidden)
+    renewer.start()
+    threading.Event().wait(0.5)
+    renewer.stop()
+    assert len(calls) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["TLS Secret watch failed (checking every 0 s instead): ApiUnavailable: 403 Forbidden: "
+                        "secrets is forbidden: cannot watch"]

@@ -297,6 +297,28 @@ class KubernetesClientApi:
                     self.admission.patch_validating_webhook_configuration)
         raise ValueError(f"not a webhook configuration kind: {kind}")
 
+    def wait_for_secret_change(self, namespace: str, name: str, seconds: float) -> bool:
+        """Block until the Secret is changed, deleted or created, at most `seconds`: True if it was.
+        A list by name gives the resourceVersion to watch from, so only what happens after the call counts
+        (RBAC: list and watch on that one Secret, allowed by resourceNames with a metadata.name selector)."""
+        from kubernetes import watch  # noqa: PLC0415
+
+        selector = f"metadata.name={name}"
+        listed = self._call(self.core.list_namespaced_secret, namespace, field_selector=selector,
+                            not_found_is_none=False)
+        version = listed["metadata"]["resourceVersion"]
+        watcher = watch.Watch()
+        try:
+            for _event in watcher.stream(self.core.list_namespaced_secret, namespace, field_selector=selector,
+                                         resource_version=version, timeout_seconds=max(1, int(seconds)),
+                                         _request_timeout=(self.timeout[0], seconds + 10)):
+                return True
+        except Exception as exc:  # noqa: BLE001 - the client raises ApiException, urllib3 and OSError errors
+            raise ApiUnavailable(0, "WatchFailed", f"{type(exc).__name__}: {exc}") from None
+        finally:
+            watcher.stop()
+        return False
+
     def read_webhook_configuration(self, kind: str, name: str) -> WebhookConfiguration | None:
         read, _ = self._webhook_methods(kind)
         body = self._call(read, name)

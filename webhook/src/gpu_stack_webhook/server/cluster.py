@@ -157,7 +157,10 @@ def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepa
     settings = settings_from(args, pod_namespace)
     manager = TlsManager(api, settings)
     bootstrap(manager)
-    renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds())
+    watch_api = KubernetesClientApi(api.api_client)
+    renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds(),
+                      changes=lambda seconds: watch_api.wait_for_secret_change(
+                          settings.namespace, settings.secret_name, seconds))
 
     def when_ready(server: Any) -> None:
         renewer.start()

@@ -20,6 +20,7 @@ import datetime
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -155,12 +156,17 @@ class TlsManager:
 
 class Renewer:
     """Background thread (in the gunicorn master): reconcile every `interval` (sooner while unready or
-    after an error), with a little jitter so replicas do not all call the apiserver at once."""
+    after an error), with a little jitter so replicas do not all call the apiserver at once, and at once
+    when `changes` (a wait for a change of the TLS Secret, up to the given seconds) says the Secret was
+    changed or deleted: a deleted Secret is made again and the caBundles follow within seconds, not at the
+    next interval. A `changes` that fails (RBAC without watch, say) is logged once; the loop then sleeps."""
 
-    def __init__(self, manager: TlsManager, interval: float, retry: float = 10.0) -> None:
+    def __init__(self, manager: TlsManager, interval: float, retry: float = 10.0,
+                 changes: Callable[[float], bool] | None = None) -> None:
         self.manager = manager
         self.interval = interval
         self.retry = min(retry, interval)
+        self.changes = changes
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -168,9 +174,23 @@ class Renewer:
         base = self.interval if ok else self.retry
         return base * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
 
+    def _wait(self, seconds: float) -> bool:
+        """False once stopped."""
+        if self.changes is not None:
+            started = time.monotonic()
+            try:
+                self.changes(seconds)
+                return not self.stopped.is_set()
+            except Exception as exc:
+                log.warning("TLS Secret watch failed (checking every %.0f s instead): %s: %s", self.interval,
+                            type(exc).__name__, exc)
+                self.changes = None
+                seconds = max(0.0, seconds - (time.monotonic() - started))
+        return not self.stopped.wait(seconds)
+
     def run(self) -> None:
         ok = self.manager.status.ready
-        while not self.stopped.wait(self._next_wait(ok)):
+        while self._wait(self._next_wait(ok)):
             try:
                 ok = self.manager.reconcile().ready
             except Exception as exc:
