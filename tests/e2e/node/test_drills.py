@@ -24,9 +24,9 @@ import pytest
 from ..e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases, unique
 from .conftest import install_and_wait, install_values
 
-BAD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
+BAD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}},
            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
-GOOD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+GOOD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
 PLAIN = {"name": "main", "image": "busybox"}
 KINDS = {"bad-gpu": BAD_GPU, "good-gpu": GOOD_GPU, "plain": PLAIN}
 
