@@ -97,6 +97,7 @@ e2e-image:
 	  BUILDAH_ISOLATION=chroot BUILDAH_LAYERS=true PYTHON_IMAGE="$$base" IMAGE_ARCHIVE="$(E2E_IMAGE_ARCHIVE)" \
 	  CA_BUNDLE="$${CA_BUNDLE:-$${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}" \
 	  $(MAKE) --no-print-directory image IMAGE=$(E2E_IMAGE)
+	@echo "e2e-image: $(E2E_IMAGE), $$(($$(stat -c %s $(E2E_IMAGE_ARCHIVE)) / 1000000)) MB uncompressed (base $$(hack/image/standin-base.sh))"
 
 # ruff, mypy (strict on policy/ and admission/), the import contract (lint-imports: the layers of the
 # package, no Flask/Kubernetes client/I/O in the policy core; [tool.importlinter] in pyproject.toml); then
@@ -129,14 +130,18 @@ demo: $(STAMP) helm
 # for a sign-off run; then issue 25's webhook calls per 1,000 mixed creates without / with the chart's
 # matchConditions and non-GPU create latency with the webhook on / off / conditions all `false`), then
 # placement at scale (bench/scheduler_scale.py: 500 GPU nodes, 5,000 GPU pods, time until kube-scheduler
-# has bound or given up on each, webhook on / off; ~5 min). Writes BENCHMARKS.md, every part stamped with
-# its run (date, commit, command).
+# has bound or given up on each, webhook on / off; ~5 min), then pod startup on a real node (bench/pod_startup.py:
+# N pods without GPUs from create to Running, webhook configurations on / off; as root, ~6 min). Writes
+# BENCHMARKS.md, every part stamped with its run (date, commit, command).
 bench: $(STAMP) helm
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md
 	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then assets="$$(hack/envtest-assets.sh)" || exit 1; \
 	  export KUBEBUILDER_ASSETS="$$assets"; fi; $(PY) bench/apiserver_load.py --out BENCHMARKS.md && \
 	  $(PY) bench/scheduler_scale.py --out BENCHMARKS.md
+	@if $(PY) hack/netns.py check >/dev/null; then $(MAKE) --no-print-directory e2e-image && \
+	  KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" $(PY) hack/netns.py run -- $(PY) bench/pod_startup.py --out BENCHMARKS.md; \
+	  else echo "bench: no real node here ($$($(PY) hack/netns.py check)): pod startup not measured" >&2; fi
 
 # `kubectl gpu-stack inspect` at scale: 500 GPU nodes and 20,000 pods POSTed to a throwaway API server
 # (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min). Writes bench/inspect-scale.md

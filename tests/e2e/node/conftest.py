@@ -9,46 +9,24 @@ Fixtures (package scope: one plane and one node for this directory, stopped when
   `.load_image(path)`), on a control plane of its own (`.cluster`).
 - `cluster`: an E2ECluster for that plane (overrides tests/e2e/conftest.py's): `releases` installs into it.
 - `webhook_image`: (repository, tag) of the image `make image` built, imported into the node.
-- `installed`: the chart installed once with the defaults plus what this machine needs (see INSTALL_ARGS)
-  and `--wait`; shared by the tests that only look at it.
+- `installed` (module scope: a release's cluster-scoped objects exclude a second release, so a module that
+  installs others does not use it): the chart installed once, `--wait`, with
+  Chart-values-examples/per-node-configs.yaml (the overlay the docs' kubectl examples come from) and what
+  this machine needs (install.INSTALL_SET); shared by the module's tests that only look at it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import netns
 import node
 import pytest
 
-from ..e2elib import ROOT, E2ECluster, Release, Releases, controlplane
+from ..e2elib import E2ECluster, Release, Releases, controlplane
+from .install import IMAGE_ARCHIVE, TEST_NAMESPACE, image_parts, install_values
 from .podlogs import explain_pods
-
-IMAGE = os.environ.get("E2E_IMAGE", "localhost/gpu-stack-webhook:e2e")
-IMAGE_ARCHIVE = Path(os.environ.get("E2E_IMAGE_ARCHIVE", ROOT / ".tools" / "images" / "gpu-stack-webhook-e2e.tar"))
-TEST_NAMESPACE = "gpu-stack-helm-test"
-# What this machine needs beside the image, each for a reason a user would not have:
-# - nfd.enabled=false: NFD's images cannot be pulled here (no registry), and a Deployment that never becomes
-#   Ready fails `--wait`. A cluster that already runs NFD installs the same way.
-# - helmTests.kubectlImage: `helm test` runs kubectl with bash; registry.k8s.io/kubectl cannot be pulled, so
-#   a stand-in with bash and the same kubectl v1.36 (hack/image/node-images.sh) runs instead.
-# - helmTests.cudaSample=false, helmTests.bringUp=false: the CUDA sample needs a GPU, and the bring-up test
-#   waits for the GPU agents' DaemonSets to run on GPU nodes; there are none here.
-# - helmTests.namespace: the denial test runs only in a namespace the webhook covers (NOTES says so).
-INSTALL_SET = {
-    "nfd.enabled": False,
-    "webhook.helmTests.kubectlImage": node.KUBECTL_IMAGE,
-    "webhook.helmTests.cudaSample": False,
-    "webhook.helmTests.bringUp": False,
-    "webhook.helmTests.namespace": TEST_NAMESPACE,
-}
-
-
-def image_parts(image: str = IMAGE) -> tuple[str, str]:
-    repository, _, tag = image.rpartition(":")
-    return repository, tag
 
 
 @pytest.fixture(scope="package")
@@ -81,11 +59,6 @@ def webhook_image(real_node: node.Node) -> tuple[str, str]:
     return image_parts()
 
 
-def install_values(**extra: object) -> dict[str, object]:
-    repository, tag = image_parts()
-    return {"webhook.image.repository": repository, "webhook.image.tag": tag, **INSTALL_SET, **extra}
-
-
 def install_and_wait(releases: Releases, overlay: str | None = None, *, name: str = "gpu-stack",
                      namespace: str | None = None, timeout: str = "4m", **extra: object) -> Release:
     """`helm install --wait` of the chart with INSTALL_SET and the image; a failure shows what the pods say."""
@@ -96,7 +69,7 @@ def install_and_wait(releases: Releases, overlay: str | None = None, *, name: st
     return release
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def installed(cluster: E2ECluster) -> Iterator[Release]:
     """One release shared by the tests that only look at it: Chart-values-examples/per-node-configs.yaml (the
     overlay README's kubectl examples come from), INSTALL_SET and the image, `helm install --wait`."""
