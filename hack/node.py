@@ -69,14 +69,16 @@ def missing_prerequisites(assets: Path) -> list[str]:
 
 
 class Node:
-    def __init__(self, cluster: controlplane.Cluster, *, name: str = NODE_NAME, ip: str = NODE_IP) -> None:
+    def __init__(self, cluster: controlplane.Cluster, *, name: str = NODE_NAME, ip: str = NODE_IP,
+                 assets: Path | None = None) -> None:
+        """`assets`: where kubelet and kube-proxy are (default: the plane's assets)."""
         if cluster.workdir is None or cluster.pki is None or cluster.assets is None:
             raise NodeError("a node needs a control plane started here (hack/controlplane.py), not an existing cluster")
         self.cluster = cluster
         self.name = name
         self.ip = ip
-        self.assets = cluster.assets
-        self.dir = cluster.workdir / "node"
+        self.assets = assets or cluster.assets
+        self.dir = cluster.workdir / ("node" if name == NODE_NAME else f"node-{name}")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.socket = self.dir / "containerd.sock"
         self.kubelet_root = self.dir / "kubelet"
@@ -225,6 +227,9 @@ state = "{self.dir}/containerd/state"
             "authorization": {"mode": "Webhook"},
             "address": self.ip, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
             "resolvConf": "/etc/resolv.conf", "serializeImagePulls": False,
+            # not /var/log/pods: a kubelet removes the pod log directories of pods it does not know there,
+            # so two nodes on one machine (two test runs) would delete each other's logs
+            "podLogsDir": str(self.dir / "pod-logs"),
         }
         (self.dir / "kubelet.yaml").write_text(json.dumps(config, indent=2))
         self._spawn("kubelet", [str(self.assets / "kubelet"), "--config", str(self.dir / "kubelet.yaml"),

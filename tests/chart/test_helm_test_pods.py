@@ -43,3 +43,16 @@ def test_cuda_sample_pod_is_admitted() -> None:
         resources = container["resources"]
         resources["requests"] = {**resources["limits"], **resources.get("requests", {})}
     assert policy.evaluate(pod, "Pod").denials == []
+
+
+def test_every_test_hook_is_named_after_a_test_pod_of_the_release_namespace() -> None:
+    """`helm test --logs` reads the logs of a pod named like each test hook, in the release namespace, whatever
+    the hook's kind (Helm v4.2.3 pkg/action/release_testing.go GetPodLogs): a hook without such a pod fails it.
+    Checked where the test pods run in the release namespace: the defaults, and a test namespace without the
+    CUDA sample (the CUDA sample runs in the test namespace, where --logs cannot find it)."""
+    for values in ({}, {"webhook.helmTests.namespace": "gpu-check", "webhook.helmTests.cudaSample": False}):
+        hooks = [o for o in render(3, set_json=values).objects()
+                 if "test" in (o["metadata"].get("annotations") or {}).get("helm.sh/hook", "")]
+        pods = {o["metadata"]["name"] for o in hooks if o["kind"] == "Pod"}
+        assert pods, values
+        assert {(o["kind"], o["metadata"]["name"]) for o in hooks if o["metadata"]["name"] not in pods} == set(), values

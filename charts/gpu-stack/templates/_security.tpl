@@ -134,7 +134,7 @@ Call with (dict "root" $ "component" "device-plugin" "ports" (list 9400) "hook" 
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
-  name: {{ include "gpu-stack.componentName" (dict "root" .root "component" .component) }}
+  name: {{ .name | default (include "gpu-stack.componentName" (dict "root" .root "component" .component)) }}
   namespace: {{ .namespace | default .root.Release.Namespace }}
   labels:
     {{- include "gpu-stack.labels" (dict "root" .root "component" .component) | nindent 4 }}
