@@ -253,7 +253,8 @@ class ControlPlane:
             f"--client-ca-file={pki.ca_cert}", "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--enable-aggregator-routing=true", "--allow-privileged=true", "--v=1",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--enable-aggregator-routing=true",
+            "--allow-privileged=true", "--v=1",
         ])
         kubeconfig = write_kubeconfig(self.workdir / "admin.kubeconfig", server, pki.ca_cert,
                                       pki.admin_cert, pki.admin_key)

@@ -128,7 +128,8 @@ def write_kubeconfig(path: Path, server: str, ca_cert: Path, client_cert: Path, 
     return _write(path, yaml.safe_dump(config, sort_keys=False).encode(), 0o600)
 
 
-def write_client_cert(pki: Pki, path_stem: Path, common_name: str, organization: str | None = None) -> tuple[Path, Path]:
+def write_client_cert(pki: Pki, path_stem: Path, common_name: str,
+                      organization: str | None = None) -> tuple[Path, Path]:
     """A client certificate signed by the plane's CA (a kubelet's system:node:NAME, kube-proxy's, ...):
     (certificate, key) written as <path_stem>.crt / .key."""
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)

@@ -277,7 +277,8 @@ def test_pdb() -> None:
 
 
 SELF_MANAGED_ROLE = [
-    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET], "verbs": ["get", "update", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET],
+     "verbs": ["get", "update", "list", "watch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
 ]
 SELF_MANAGED_CLUSTER_RULE = {"apiGroups": ["admissionregistration.k8s.io"],
@@ -324,7 +325,8 @@ def test_rbac_follows_the_tls_mode_and_lookups() -> None:
 
 
 def test_rbac_values_hook() -> None:
-    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET], "verbs": ["get", "update", "list", "watch"]}
+    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TLS_SECRET],
+            "verbs": ["get", "update", "list", "watch"]}
     crule = {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
              "verbs": ["get", "patch"]}
     objs = objects(**{"webhook.rbac.extraRules": [rule], "webhook.rbac.extraClusterRules": [crule]})

@@ -102,7 +102,8 @@ def test_an_engine_that_cannot_build_is_reported_and_the_next_one_builds(tmp_pat
 def test_when_no_engine_on_path_can_build_the_error_names_them(tmp_path: Path) -> None:
     proc = run_script(fake_path(tmp_path, ("docker", "podman"), broken=("docker", "podman")))
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[-1] == f"build-image: no engine on PATH can build {DEFAULT_IMAGE} (tried docker podman)"
+    assert proc.stderr.splitlines()[-1] == (
+        f"build-image: no engine on PATH can build {DEFAULT_IMAGE} (tried docker podman)")
     assert recorded(tmp_path) == {}
 
 
@@ -111,14 +112,16 @@ def test_base_ca_bundle_and_archive_reach_buildah(tmp_path: Path) -> None:
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     proc = subprocess.run([BASH, str(SCRIPT), "localhost/gpu-stack-webhook:e2e"], capture_output=True, text=True,
                           timeout=60, check=False,
-                          env={"PATH": fake_path(tmp_path, ("buildah",)), "PYTHON_IMAGE": "localhost/python-standin:3.11",
-                               "CA_BUNDLE": str(bundle), "IMAGE_ARCHIVE": str(tmp_path / "image.tar")})
+                          env={"PATH": fake_path(tmp_path, ("buildah",)),
+                               "PYTHON_IMAGE": "localhost/python-standin:3.11", "CA_BUNDLE": str(bundle),
+                               "IMAGE_ARCHIVE": str(tmp_path / "image.tar")})
     assert proc.returncode == 0, proc.stderr
     calls = (tmp_path / "buildah.calls").read_text().splitlines()
     assert calls == [
         f"{ROOT} info",
         f"{ROOT} bud --build-arg PYTHON_IMAGE=localhost/python-standin:3.11 --volume "
-        f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro -f webhook/Dockerfile -t localhost/gpu-stack-webhook:e2e webhook",
+        f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro -f webhook/Dockerfile "
+        "-t localhost/gpu-stack-webhook:e2e webhook",
         f"{ROOT} push --quiet localhost/gpu-stack-webhook:e2e "
         f"docker-archive:{tmp_path}/image.tar:localhost/gpu-stack-webhook:e2e"]
 

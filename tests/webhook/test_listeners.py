@@ -90,8 +90,9 @@ def test_serve_with_two_workers_where_reuse_port_is_refused_keeps_both_workers_u
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([str(script), "serve", "--config", str(tmp_path / "policy.yaml"), "--cert", str(pki.cert),
-                                 "--key", str(pki.key), "--bind", f"127.0.0.1:{port}"], stdout=log,
+        proc = subprocess.Popen([str(script), "serve", "--config", str(tmp_path / "policy.yaml"),
+                                 "--cert", str(pki.cert), "--key", str(pki.key), "--bind", f"127.0.0.1:{port}"],
+                                stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
         context = ssl.create_default_context(cafile=str(pki.ca_cert))
@@ -99,7 +100,7 @@ def test_serve_with_two_workers_where_reuse_port_is_refused_keeps_both_workers_u
         deadline = time.monotonic() + 60
         while answered < 20 and time.monotonic() < deadline and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=5) as r:  # noqa: S310
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=5) as r:
                     answered += r.status == 200
             except OSError:
                 time.sleep(0.2)

@@ -307,16 +307,16 @@ class KubernetesClientApi:
         listed = self._call(self.core.list_namespaced_secret, namespace, field_selector=selector,
                             not_found_is_none=False)
         version = listed["metadata"]["resourceVersion"]
-        watcher = watch.Watch()
+        watcher = watch.Watch()  # type: ignore[no-untyped-call]
         try:
-            for _event in watcher.stream(self.core.list_namespaced_secret, namespace, field_selector=selector,
-                                         resource_version=version, timeout_seconds=max(1, int(seconds)),
-                                         _request_timeout=(self.timeout[0], seconds + 10)):
+            for _event in watcher.stream(  # type: ignore[no-untyped-call]
+                    self.core.list_namespaced_secret, namespace, field_selector=selector, resource_version=version,
+                    timeout_seconds=max(1, int(seconds)), _request_timeout=(self.timeout[0], seconds + 10)):
                 return True
-        except Exception as exc:  # noqa: BLE001 - the client raises ApiException, urllib3 and OSError errors
+        except Exception as exc:  # the client raises ApiException, urllib3's and OSError's errors
             raise ApiUnavailable(0, "WatchFailed", f"{type(exc).__name__}: {exc}") from None
         finally:
-            watcher.stop()
+            watcher.stop()  # type: ignore[no-untyped-call]
         return False
 
     def read_webhook_configuration(self, kind: str, name: str) -> WebhookConfiguration | None:
