@@ -172,6 +172,6 @@ def test_schema_rejects_unknown_fields(path: tuple[object, ...]) -> None:
         jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
 
 
-def test_readme_shows_this_output() -> None:
-    readme = (HERE.parents[1] / "README.md").read_text()
+def test_the_docs_show_this_output() -> None:
+    readme = (HERE.parents[1] / "docs/inspect.md").read_text()
     assert f"$ kubectl gpu-stack inspect\n{EXPECTED_TABLE}```\n" in readme
