@@ -125,8 +125,8 @@ def render(cells: dict[str, dict[int, Cell]], rounds: int, seconds: float, comma
            "alternating; medians of throughput and p99, worst max over the rounds). wrk holds N keep-alive TLS "
            "connections busy while N/4 handshaken-but-silent and N/4 never-TLS connections stay open beside "
            "them. Servers: 2 workers x 4 threads; `bare (stock gthread)` is the allow-all on gunicorn's own "
-           "gthread worker (the serving model `gpu-stack-webhook serve` replaced), the others run on worker.PollingThreadWorker "
-           "with one listening socket per worker.", "",
+           "gthread worker (the serving model `gpu-stack-webhook serve` replaced), the others run on "
+           "worker.PollingThreadWorker with one listening socket per worker.", "",
            "| target | N | reviews/s | vs N=8 | p99 ms | max ms | errors | silent not opened | target met |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     missed = []

@@ -406,7 +406,9 @@ def targets_of(text: str) -> list[tuple[str, str, str]]:
                     verdict = _VERDICT.match(judged)
                     if verdict:
                         qualifier = target.removeprefix("Target").strip(" ,")
-                        judged_target = f"{qualifier}: {verdict.group('target')}" if qualifier else verdict.group("target")
+                        judged_target = verdict.group("target")
+                        if qualifier:
+                            judged_target = f"{qualifier}: {judged_target}"
                         said = f"{verdict.group('verdict')}{verdict.group('rest')}".split(". ", 1)[0].rstrip(".")
                         found.append((part, judged_target.strip(), said.strip()))
                 continue

@@ -88,11 +88,12 @@ class Command:
         table = {**SUBSTITUTES, "<overlay>": "<overlay>", **(extra or {})}  # expand_overlays: one per overlay
         words = []
         for word in self.words():
+            typed = word
             for placeholder in PLACEHOLDER.findall(word):
                 if placeholder not in table:
                     raise LookupError(f"{self.where}: no substitute for {placeholder} in: {self.text}")
-                word = word.replace(placeholder, table[placeholder])
-            words.append(word)
+                typed = typed.replace(placeholder, table[placeholder])
+            words.append(typed)
         return words
 
 
