@@ -77,6 +77,13 @@ PARTS_BEGIN, PARTS_END = "<!-- parts:begin (bench/report.py) -->", "<!-- parts:e
 _GENERATED = provenance.GENERATED
 
 
+def frame_lines() -> list[str]:
+    """The head of the file, above the parts: title, the warning block, how the file is made, the method, the
+    targets and the parts (the blocks are filled by refresh_sources)."""
+    return [TITLE, "", SOURCES_BEGIN, SOURCES_END, "", INTRO, "", *METHOD, TARGETS_BEGIN, TARGETS_END, "",
+            PARTS_BEGIN, PARTS_END, ""]
+
+
 def _included(name: str, writer: str, path: Path, what: str) -> list[str]:
     """A kept file as a marked section; its own `Run:` line (if its writer stamps it) names the run,
     else a line says which file and commit it comes from."""
@@ -100,20 +107,7 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
     mix = results.get("mix", {})
     out: list[str] = []
     w = out.append
-    w(TITLE)
-    w("")
-    w(SOURCES_BEGIN)
-    w(SOURCES_END)
-    w("")
-    w(INTRO)
-    w("")
-    out.extend(METHOD)
-    w(TARGETS_BEGIN)
-    w(TARGETS_END)
-    w("")
-    w(PARTS_BEGIN)
-    w(PARTS_END)
-    w("")
+    out.extend(frame_lines())
     w(HTTP_BEGIN)
     w("## The webhook over TLS (bench/run_bench.py)")
     w("")
