@@ -1,5 +1,5 @@
-"""Which run wrote what in BENCHMARKS.md (issue 26: everything there comes from the run that wrote it, or
-says which run it is from).
+"""Which run wrote what in BENCHMARKS.md (everything there comes from the run that wrote it, or says which
+run it is from).
 
 Every writer stamps its part with `stamp(command)`: one line, `Run: <UTC date>, commit <sha>, <command>`,
 where the commit is the checkout measured (with "+ uncommitted changes" when files other than the bench's
@@ -53,6 +53,8 @@ def file_origin(path: Path) -> str:
     return f"{rel}, last changed at commit {sha} ({date})" + (" + uncommitted changes" if dirty else "")
 
 
+# The blocks bench/report.py derives from the parts (refresh_sources): not parts themselves.
+GENERATED = ("sources", "targets-summary", "parts")
 _MARKED = re.compile(r"<!-- (?P<name>[\w-]+):begin(?P<rest>[^>]*)-->(?P<body>.*?)<!-- (?P=name):end -->", re.DOTALL)
 _HEADING = re.compile(r"^## (.+)$", re.MULTILINE)
 
@@ -62,12 +64,12 @@ def sources(text: str) -> list[tuple[str, str]]:
     line says so."""
     out = []
     for m in _MARKED.finditer(text):
-        if m.group("name") == "sources":
+        if m.group("name") in GENERATED:
             continue
         body = m.group("body")
         heading = _HEADING.search(body)
         run = next((line.strip().strip("*").removeprefix(STAMP_PREFIX).rstrip(".")
                     for line in body.splitlines() if line.strip().strip("*").startswith(STAMP_PREFIX)),
-                   "no run stamp: written before runs were stamped (issue 26); see its own text for the date")
+                   "no run stamp: written before runs were stamped; see its own text for the date")
         out.append((heading.group(1) if heading else m.group("name"), run))
     return out

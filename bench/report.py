@@ -1,12 +1,14 @@
 """Render the results of bench/run_bench.py as BENCHMARKS.md (figures, ratios, targets met or missed).
 
 The file is made of marked sections (`<!-- name:begin (writer) -->` ... `<!-- name:end -->`), each
-stamped with the run that wrote it (provenance.stamp: date, commit, command), and a table at the top
-listing them (refresh_sources, rewritten by every writer). bench/run_bench.py writes the whole file
-anew: its own section, then the files it includes (bench/soak.md from `make soak`, the hand-written
-bench/analysis.md, bench/inspect-scale.md from `make bench-inspect`, each labelled with the commit that
-last changed it); of the old file it keeps only the marked sections other scripts wrote
-(bench/many_clients.py, bench/apiserver_load.py), which carry their own stamps. Nothing else survives a run.
+stamped with the run that wrote it (provenance.stamp: date, commit, command), under a frame this module
+writes: the title, how the file is made, the method, and a block (refresh_sources, rewritten by every
+writer) with the table of parts and their runs, the parts missing, every target with its verdict, and,
+when any part measured a checkout with uncommitted changes, a warning saying so at the top (a test refuses
+such a file in a commit). bench/run_bench.py writes the whole file anew: the frame, its own section, then
+the files it includes (bench/soak.md from `make soak`, bench/inspect-scale.md from `make bench-inspect`,
+each labelled with the commit that last changed it); of the old file it keeps only the marked sections
+other scripts wrote (PARTS), which carry their own stamps. Nothing else survives a run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 import provenance
 import targets
 
-ANALYSIS = Path(__file__).resolve().parent / "analysis.md"
 INSPECT_SCALE = Path(__file__).resolve().parent / "inspect-scale.md"
 
 
@@ -34,9 +35,53 @@ def _lat(summary: Any, key: str) -> float:
     return float(summary.med(lambda r: r.latency_us[key]))
 
 
-TITLE = "# Benchmarks: the admission webhook over TLS"
+TITLE = "# Benchmarks"
+# The marked sections `make bench` writes, in the order it writes them, and who writes each.
+PARTS = {
+    "http": "bench/run_bench.py",
+    "soak": "make soak (bench/soak.md, included)",
+    "inspect-scale": "make bench-inspect (bench/inspect-scale.md, included)",
+    "many-clients": "bench/many_clients.py",
+    "apiserver-load": "bench/apiserver_load.py --part load",
+    "apiserver-calls": "bench/apiserver_load.py --part calls",
+    "scheduler-scale": "bench/scheduler_scale.py",
+}
+DIRTY = "+ uncommitted changes"
+DIRTY_WARNING = ("**Not reproducible: a part of this file measured a checkout with uncommitted changes** (its run "
+                 "below says `" + DIRTY + "`). Commit the code, run `make bench` again, and commit the file it "
+                 "writes; tests/bench/test_bench_report.py refuses this file in a commit.")
+INTRO = ("Written whole by `make bench` (hack/bench_policy.py and bench/run_bench.py, then bench/many_clients.py, "
+         "bench/apiserver_load.py and bench/scheduler_scale.py; `make soak` and `make bench-inspect` write the parts "
+         "it includes). Do not edit it by hand: each part says which run wrote it, on which commit. The history of "
+         "how the review path got to these figures is in git (`git log -p -- BENCHMARKS.md bench/analysis.md`).")
+METHOD = [
+    "## Method",
+    "",
+    "* The machine is the project's shared 2-CPU VM: other work runs beside the bench, so absolute figures move "
+    "from run to run. The servers are measured in alternating rounds, and the ratios (same run, same noise) are "
+    "the figures to compare; CPU per review (from /proc, so it counts neither the load generator nor other "
+    "tenants) is the steadiest figure. Each part names its machine, load and rounds.",
+    "* Closed-loop latency at saturation is queueing, not service time; the latency the API server sees is the "
+    "fixed-rate one.",
+    "* Load: wrk with a Lua script (bench/mix.lua) that paces sends on a fixed schedule where a fixed rate is "
+    "wanted (Debian's wrk has no constant-rate mode) and counts sends that missed their slot, so queueing is not "
+    "hidden (coordinated omission).",
+    "* Targets are judged in every round of the run that wrote the part, not on an average of runs.",
+    "",
+]
 HTTP_BEGIN, HTTP_END = "<!-- http:begin (bench/run_bench.py) -->", "<!-- http:end -->"
+# Rewritten by refresh_sources whenever a part changes: the warning (dirty runs), the targets, the parts.
 SOURCES_BEGIN, SOURCES_END = "<!-- sources:begin (bench/report.py) -->", "<!-- sources:end -->"
+TARGETS_BEGIN, TARGETS_END = "<!-- targets-summary:begin (bench/report.py) -->", "<!-- targets-summary:end -->"
+PARTS_BEGIN, PARTS_END = "<!-- parts:begin (bench/report.py) -->", "<!-- parts:end -->"
+_GENERATED = provenance.GENERATED
+
+
+def frame_lines() -> list[str]:
+    """The head of the file, above the parts: title, the warning block, how the file is made, the method, the
+    targets and the parts (the blocks are filled by refresh_sources)."""
+    return [TITLE, "", SOURCES_BEGIN, SOURCES_END, "", INTRO, "", *METHOD, TARGETS_BEGIN, TARGETS_END, "",
+            PARTS_BEGIN, PARTS_END, ""]
 
 
 def _included(name: str, writer: str, path: Path, what: str) -> list[str]:
@@ -62,14 +107,7 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
     mix = results.get("mix", {})
     out: list[str] = []
     w = out.append
-    w(TITLE)
-    w("")
-    w("Generated by `make bench` (hack/bench_policy.py and bench/run_bench.py, then bench/many_clients.py and "
-      "bench/apiserver_load.py); do not edit the figures by hand. Each part below says which run wrote it.")
-    w("")
-    w(SOURCES_BEGIN)
-    w(SOURCES_END)
-    w("")
+    out.extend(frame_lines())
     w(HTTP_BEGIN)
     w("## The webhook over TLS (bench/run_bench.py)")
     w("")
@@ -86,7 +124,7 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
       + ("Both run in a private network namespace (so the TCP counters below are the bench's alone)."
          if results["netns"] else "Host network namespace (TCP counters may include other traffic)."))
     w("* Load: wrk over persistent TLS connections with bench/mix.lua. " + mix_text(mix) + " Beside it, the same "
-      "rounds on one identical body (issue 14's pod, the recorded apiserver v1.36 GPU pod with 3 containers x 20 "
+      "rounds on one identical body (the recorded apiserver v1.36 GPU pod with 3 containers x 20 "
       "env vars, bench/bodies.py `gpu_pod_3c`; on /mutate with the MPS annotation, so the answer is patched): "
       "every review then hits the webhook's diff memo and last-encoded-patch cache, the best case. The bare "
       "allow-all gets the bodies /validate gets. Rules sweep: the five recorded cases of bench/bodies.py `mix` "
@@ -119,7 +157,7 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
       f"{plan['saturation_s']} s per server (each round in {plan.get('saturation_slices', 1)} mirrored runs), the "
       f"pod mix; beside it the same rounds on one identical body. Fixed rate: {plan['paced_rounds']} x "
       f"{plan['paced_s']} s at {plan['paced_rate']:,}/s, the pod mix. Medians over the rounds; per-round figures "
-      "in \"Targets (issue 14)\".")
+      "in \"Targets\".")
     w("")
     w("| | mix: reviews/s | x baseline | CPU µs/review | x baseline | p50 / p99 / p99.9 ms "
       f"@{plan['paced_rate']}/s | errors | TLS handshakes / requests | identical body: reviews/s | x baseline | "
@@ -255,9 +293,6 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
     w("")
     if targets.SOAK.is_file():  # written by `make soak` (hack/soak.py --report), kept here
         out.extend(_included("soak", "make soak: bench/soak.md", targets.SOAK, "`make soak` (its date is below)"))
-    if ANALYSIS.is_file():
-        out.extend(_included("analysis", "hand-written: bench/analysis.md", ANALYSIS,
-                             "no run: hand-written, the figures it quotes name the runs they come from"))
     if INSPECT_SCALE.is_file():  # written by `make bench-inspect` (bench/inspect_scale.py), kept here
         out.extend(_included("inspect-scale", "make bench-inspect: bench/inspect-scale.md", INSPECT_SCALE,
                              "`make bench-inspect` (its date is below)"))
@@ -306,19 +341,79 @@ def keep_sections(old: str, new: str) -> str:
     bench/apiserver_load.py write theirs between markers after this report; a run of this script alone
     keeps them, and their stamps say which run they are from). Nothing else of `old` is kept."""
     kept = [m.group(0) for m in _SECTION.finditer(old)
-            if m.group("name") != "sources" and f"<!-- {m.group('name')}:begin" not in new]
+            if m.group("name") not in _GENERATED and m.group("name") != "analysis"
+            and f"<!-- {m.group('name')}:begin" not in new]
     return refresh_sources("\n\n".join([new.rstrip("\n"), *kept]) + "\n")
 
 
 def refresh_sources(text: str) -> str:
-    """`text` with the table of its parts and their runs (between SOURCES_BEGIN/END) rewritten."""
+    """`text` with its generated blocks rewritten from its parts: at the top the warning when a part measured
+    uncommitted changes (else nothing); the targets and their verdicts; the table of parts and their runs,
+    and the parts `make bench` writes that the file lacks."""
     if SOURCES_BEGIN not in text or SOURCES_END not in text:
         return text
-    rows = ["## Where each part of this file comes from", "",
-            "| part | run (date, commit measured, command) |", "|---|---|"]
-    rows += [f"| {heading} | {run} |" for heading, run in provenance.sources(text)]
-    head, rest = text.split(SOURCES_BEGIN, 1)
-    return head + SOURCES_BEGIN + "\n" + "\n".join(rows) + "\n" + SOURCES_END + rest.split(SOURCES_END, 1)[1]
+    parts = provenance.sources(text)
+    warning = [DIRTY_WARNING] if any(DIRTY in run for _, run in parts) else []
+    text = _replace_block(text, SOURCES_BEGIN, SOURCES_END, warning)
+    if TARGETS_BEGIN in text and TARGETS_END in text:
+        rows = ["## Targets and verdicts", "", "| part | target | verdict |", "|---|---|---|"]
+        rows += [f"| {part} | {target} | {verdict} |" for part, target, verdict in targets_of(text)]
+        text = _replace_block(text, TARGETS_BEGIN, TARGETS_END, rows)
+    if PARTS_BEGIN in text and PARTS_END in text:
+        rows = ["## Where each part of this file comes from", "",
+                "| part | run (date, commit measured, command) |", "|---|---|"]
+        rows += [f"| {heading} | {run} |" for heading, run in parts]
+        present = {m.group("name") for m in _SECTION.finditer(text)}
+        missing = [f"{name} ({writer})" for name, writer in PARTS.items() if name not in present]
+        if missing:
+            rows += ["", "Not in this file yet (the next `make bench` writes them): " + "; ".join(missing) + "."]
+        text = _replace_block(text, PARTS_BEGIN, PARTS_END, rows)
+    return text
+
+
+def _replace_block(text: str, begin: str, end: str, lines: list[str]) -> str:
+    head, rest = text.split(begin, 1)
+    body = "\n".join(lines)
+    return head + begin + ("\n" + body if body else "") + "\n" + end + rest.split(end, 1)[1]
+
+
+_VERDICT = re.compile(r"^(?P<target>.*?):\s*(?P<verdict>\*\*not met\*\*|not met|met)(?!\w)(?P<rest>.*)$")
+
+
+def targets_of(text: str) -> list[tuple[str, str, str]]:
+    """(part, target, verdict) for every target the parts judge: the rows of their `| target | ... | result |`
+    tables, and their `Target...: ... met / **not met** (...)` lines."""
+    found: list[tuple[str, str, str]] = []
+    for m in _SECTION.finditer(text):
+        if m.group("name") in _GENERATED:
+            continue
+        part = ""
+        header: list[str] | None = None
+        for line in m.group(0).splitlines():
+            if line.startswith("## "):
+                part = line[3:].strip()
+            cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+            if cells is None:
+                header = None
+                if line.startswith("Target"):
+                    target, _, judged = line.partition(": ")
+                    verdict = _VERDICT.match(judged)
+                    if verdict:
+                        qualifier = target.removeprefix("Target").strip(" ,")
+                        judged_target = verdict.group("target")
+                        if qualifier:
+                            judged_target = f"{qualifier}: {judged_target}"
+                        said = f"{verdict.group('verdict')}{verdict.group('rest')}".split(". ", 1)[0].rstrip(".")
+                        found.append((part, judged_target.strip(), said.strip()))
+                continue
+            if header is None:
+                header = [c.lower() for c in cells]
+                continue
+            if set("".join(cells)) <= set("-: "):
+                continue
+            if header and header[0] == "target" and header[-1] in ("result", ""):
+                found.append((part, cells[0], cells[-1] or cells[-2]))
+    return found
 
 
 def write_section(path: Path, section: str, begin: str, end: str) -> None:

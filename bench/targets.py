@@ -64,7 +64,7 @@ def _round_table(title: str, sat: dict[str, Any], v_ratios: list[float], m_ratio
 def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     sat, paced, plan = results["saturation"], results["paced"], results["plan"]
     same = results.get("saturation_same") or {}
-    out = ["## Targets (issue 14)", ""]
+    out = ["## Targets", ""]
     w = out.append
     slices = plan.get("saturation_slices", 1)
     split = (f" as {slices} runs of {plan['saturation_s'] / slices:g} s in mirrored order (baseline, validate, "

@@ -33,7 +33,7 @@ from typing import Any
 
 import jsonpatch
 import yaml
-from gpu_stack_webhook.admission.requests import admission_review, is_judged
+from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -154,8 +154,6 @@ def kubectl_like(webhook: Webhook, obj: dict[str, Any], source: str) -> str:
     """Play the apiserver: mutate, apply the patch, validate; return what kubectl would print."""
     resource = f"{obj['kind'].lower()}/{obj['metadata'].get('name', '')}"
     lines: list[str] = []
-    if not is_judged(obj):
-        return f"{resource} created (not a kind gpu-stack judges)"
     for endpoint in ("mutate", "validate"):
         response = webhook.review(endpoint, obj)
         lines += [f"Warning: {w}" for w in response.get("warnings", [])]

@@ -99,7 +99,7 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     assert "50 of them (10%) asking for a GPU" in text
     assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
     assert f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 |" in text
-    assert (f"Target (issue 25), {ac.CLOSED}: non-GPU creates with the webhook on within 5% of off (median over the "
+    assert (f"Target, {ac.CLOSED}: non-GPU creates with the webhook on within 5% of off (median over the "
             "rounds of avg(on) / avg(off): 1.03x): **met**.") in text
 
 
@@ -131,7 +131,7 @@ def test_each_load_is_judged_on_its_own_rounds() -> None:
     assert ac.latency_verdict(latency, paced) == (False, "1 creates failed")  # the paced on batch lost one
     text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
     assert "| 1 | paced, 50 creates/s | 20.0 / 20.0 / 20.0 | 20.6 / 20.6 / 20.6 | 1.03 |" in text
-    assert "Target (issue 25), closed loop: " in text and "Target (issue 25), paced, 50 creates/s: " in text
+    assert "Target, closed loop: " in text and "Target, paced, 50 creates/s: " in text
     assert "`paced, 50 creates/s`, creates sent at that rate whatever the answers" in text
 
 

@@ -1,24 +1,24 @@
-"""The bookkeeping of bench/scheduler_scale.py (issue 27 item 6): the fleet and the pods it creates, how
+"""The bookkeeping of bench/scheduler_scale.py: the fleet and the pods it creates, how
 a pod list is read as the scheduler left it, the on / off ratio and the section. No cluster, no timing."""
 
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
 
-import scheduler_scale as ss
+import scheduler_scale as ss  # noqa: E402
 
 LABEL = "nvidia.com/device-plugin.config"
 
 
-def test_the_pods_are_written_as_the_readme_shows_in_a_fixed_mix() -> None:
+def test_the_pods_are_written_as_the_docs_show() -> None:
     pods = [ss.pod_at(i, LABEL) for i in range(1000)]
-    assert Counter(ss.pod_kind(i) for i in range(1000)) == {"plain": 600, "mps": 300, "pinned": 100}
     assert len({p["metadata"]["name"] for p in pods}) == 1000
     for i, pod in enumerate(pods):
         assert pod["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
@@ -26,10 +26,18 @@ def test_the_pods_are_written_as_the_readme_shows_in_a_fixed_mix() -> None:
         assert (pod["spec"].get("nodeSelector") == {LABEL: "ts-x4"}) == (ss.pod_kind(i) == "pinned")
 
 
-def test_the_fleet_cycles_the_overlays_configs() -> None:
-    specs = ss.fleet_specs(500)
-    assert Counter(s.config for s in specs) == {"default": 200, "ts-x4": 150, "mps-x10": 150}
-    assert len({s.name for s in specs}) == 500
+def test_every_pod_has_nodes_of_the_overlay_it_can_land_on() -> None:
+    """The fleet runs configs of the per-node-configs overlay, and each kind of pod finds nodes for it there:
+    pinned pods their config's, MPS pods an MPS config's, plain pods an exclusive one's."""
+    overlay = yaml.safe_load((ROOT / "Chart-values-examples" / "per-node-configs.yaml").read_text())
+    configs = overlay["sharing"]["configs"]
+    fleet = {s.config for s in ss.fleet_specs(500)}
+    assert fleet <= set(configs)
+    kinds = {ss.pod_kind(i) for i in range(1000)}
+    assert kinds == {"plain", "mps", "pinned"}
+    assert "ts-x4" in fleet
+    assert any("mps" in configs[c] for c in fleet)
+    assert any(not {"mps", "timeSlicing"} & set(configs[c]) for c in fleet)
 
 
 def _pod(node: str = "", unschedulable: str = "") -> dict[str, object]:

@@ -23,8 +23,10 @@ def test_ingress_to_8443_only_and_no_egress_rules() -> None:
     assert policy["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
 
 
-def test_from_peers() -> None:
-    peers = [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
-    objs = render(3, set_json={"webhook.networkPolicy.enabled": True, "webhook.networkPolicy.from": peers}).objects()
-    (rule,) = one(objs, "NetworkPolicy", WEBHOOK)["spec"]["ingress"]
-    assert rule["from"] == peers
+def test_peers_narrow_the_one_rule_so_only_they_reach_8443() -> None:
+    """Peers and port in one rule (peer AND port): a rule of their own would let the peers reach every port,
+    or leave 8443 open to anyone beside it."""
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/8"}}, {"namespaceSelector": {"matchLabels": {"name": "kube-system"}}}]
+    objs = render(3, set_json={"webhook.networkPolicy.from": peers}).objects()
+    assert one(objs, "NetworkPolicy", WEBHOOK)["spec"]["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}], "from": peers}]

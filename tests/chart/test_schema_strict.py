@@ -6,12 +6,14 @@ must fail the install instead of being silently ignored.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .chartlib import HELM_MAJORS, load_schema, render, run_helm, template_args
+from .chartlib import CHART, HELM_MAJORS, load_schema, render, run_helm, template_args
 
 # Objects whose keys are Kubernetes API fields the chart passes through unchanged; the API server
 # rejects unknown fields there (and tests/chart/test_render.py checks the rendered objects against
@@ -52,16 +54,45 @@ def test_open_object_detector_detects() -> None:
     assert open_objects(schema) == ["", "/properties/a"]
 
 
-def test_global_is_declared_and_closed() -> None:
+def test_global_is_open_to_parent_charts_and_the_rest_closed() -> None:
     schema = load_schema()
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["global"]["additionalProperties"] is False
+    assert schema["properties"]["global"]["additionalProperties"] is True
+
+
+def parent_chart(tmp_path: Path) -> Path:
+    """An umbrella chart with gpu-stack as its dependency and global values of its own."""
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "gpu-stack")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: gpu-stack\n    version: 0.1.0\n", encoding="utf-8")
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example.com\n  storageClass: fast\n"
+        "  imagePullSecrets: [{name: regcred}]\n", encoding="utf-8")
+    return parent
+
+
+@pytest.mark.parametrize("helm", HELM_MAJORS)
+def test_a_parent_chart_with_its_own_globals_renders(helm: int, tmp_path: Path) -> None:
+    parent = parent_chart(tmp_path)
+    rendered = run_helm(helm, ["template", "platform", str(parent), "--namespace", "gpu-stack"])
+    assert rendered.ok, rendered.stderr
+    daemonsets = [o for o in rendered.objects() if o["kind"] == "DaemonSet"]
+    assert daemonsets
+    assert all(d["spec"]["template"]["spec"].get("imagePullSecrets") == [{"name": "regcred"}] for d in daemonsets)
+
+
+@pytest.mark.parametrize("helm", HELM_MAJORS)
+def test_global_image_pull_secrets_keep_their_type(helm: int) -> None:
+    failed = run_helm(helm, template_args(set_json={"global": {"imagePullSecrets": "regcred"}}))
+    assert not failed.ok
+    assert "imagePullSecrets" in failed.stderr, failed.stderr
 
 
 MISSPELT = [
     pytest.param({"devicPlugin": {"enabled": True}}, "devicPlugin", id="top-level"),
     pytest.param({"devicePlugin": {"enabeld": True}}, "enabeld", id="devicePlugin"),
-    pytest.param({"global": {"imagePullSecret": [{"name": "x"}]}}, "imagePullSecret", id="global"),
     pytest.param({"gfd": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity", id="affinity"),
     pytest.param({"devicePlugin": {"extraEnv": [{"name": "A", "valeu": "1"}]}}, "valeu", id="env-item"),
     pytest.param({"toolkit": {"imagePullSecrets": [{"name": "a", "nmae": "b"}]}}, "nmae", id="pull-secret"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 from typing import Any
 
 import pytest
@@ -43,8 +44,9 @@ SELF_MANAGED_ARGS = [
     "--validating-webhook-configuration", WEBHOOK]
 OVERLAYS = overlays()
 APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
-# What `make image` builds by default and the chart renders without webhook.image.repository.
-LOCAL_IMAGE = f"gpu-stack-webhook:{APP_VERSION}"
+# What the chart renders without webhook.image.repository (helm template): a name that can never be pulled
+# (.invalid, RFC 2606) and says which value to set.
+MARKER_IMAGE = f"set-webhook-image-repository.invalid/gpu-stack-webhook:{APP_VERSION}"
 
 
 def objects(**set_json: Any) -> list[dict[str, Any]]:
@@ -136,7 +138,7 @@ def test_deployment_basics() -> None:
     spec = dep["spec"]["template"]["spec"]
     assert dep["spec"]["replicas"] == 2
     (container,) = spec["containers"]
-    assert container["image"] == LOCAL_IMAGE
+    assert container["image"] == MARKER_IMAGE
     # self-managed TLS (the default) and cluster lookups: the webhook is told its Secret, Service and configurations
     assert container["command"] + container["args"] == [
         "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy/policy.yaml", *SELF_MANAGED_ARGS,
@@ -211,7 +213,7 @@ def test_no_default_names_an_unpublished_image(overlay: str) -> None:
     objs = render(3, overlay).objects()
     assert [i for i in _images(objs) if "ghcr.io/gpu-stack" in i] == []
     (container,) = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == LOCAL_IMAGE
+    assert container["image"] == MARKER_IMAGE
 
 
 def test_image_repository_and_tag_from_values(helm: int) -> None:
@@ -548,12 +550,62 @@ def test_notes() -> None:
     assert f"kubectl get pods -n {NAMESPACE}" in notes
     assert "nvidia.com/gpu.count" in notes
     assert "nvidia.com/device-plugin.config=<config>" in notes
-    assert "--dry-run=server" in notes and "NVIDIA_VISIBLE_DEVICES=all" in notes
     for name in overlay_values("default")["sharing"]["configs"]:
         assert f"  - {name}:" in notes
     assert "webhook: on" in notes
     assert "TLS (self-managed): the webhook keeps its CA and certificate in Secret t-gpu-stack-webhook-tls" in notes
     assert "WARNING" not in notes
+
+
+def notes_check(notes: str) -> tuple[list[str], str]:
+    """The post-install check NOTES prints: the kubectl command, split as a shell would, and the line after it."""
+    lines = notes.splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.strip().startswith("kubectl run gpu-stack-check ")]
+    return shlex.split(lines[index]), lines[index + 1].strip()
+
+
+def test_the_notes_check_is_a_gpu_pod_that_sets_nvidia_visible_devices() -> None:
+    """GPU002 denies NVIDIA_VISIBLE_DEVICES in a GPU pod on every runtime layout; a pod without a GPU is not
+    even sent to the webhook where the NVIDIA runtime is not the nodes' default (matchConditions)."""
+    argv, _ = notes_check(_notes())
+    assert argv[:3] == ["kubectl", "run", "gpu-stack-check"]
+    assert "--dry-run=server" in argv and "--namespace" in argv
+    overrides = json.loads(next(a.split("=", 1)[1] for a in argv if a.startswith("--overrides=")))
+    (container,) = overrides["spec"]["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+
+
+@pytest.mark.parametrize(("values", "namespace"), [
+    ((), "default"),
+    (("--set", "webhook.helmTests.namespace=ml"), "ml"),
+    (("--set-json", 'webhook.policy.extraExemptNamespaces=["default"]'), "<namespace>"),
+])
+def test_the_notes_check_runs_in_a_namespace_the_webhook_covers(values: tuple[str, ...], namespace: str) -> None:
+    argv, _ = notes_check(_notes(*values))
+    assert argv[argv.index("--namespace") + 1] == namespace
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ((), 'admission webhook "validate.gpu-stack.io" denied the request: GPU002'),
+    (("--set", "webhook.validation.mode=both", "--set", "webhook.cel.assumeServed=true"),
+     "ValidatingAdmissionPolicy 't-gpu-stack-gpu002' with binding 't-gpu-stack-gpu002' denied request: GPU002"),
+    (("--set", "webhook.validation.mode=cel", "--set", "webhook.mutation.mode=cel", "--set",
+      "webhook.cel.assumeServed=true"),
+     "ValidatingAdmissionPolicy 't-gpu-stack-gpu002' with binding 't-gpu-stack-gpu002' denied request: GPU002"),
+    (("--set", "webhook.validation.mode=cel", "--set", "webhook.cel.assumeServed=true", "--set-json",
+      'webhook.validation.celActions=["Warn","Audit"]'), "admitted with a warning"),
+])
+def test_the_notes_say_who_answers_the_check(values: tuple[str, ...], expected: str) -> None:
+    _, answer = notes_check(_notes(*values))
+    assert answer.startswith("# -> ") and expected in answer, answer
+
+
+def test_notes_list_the_rules_the_cel_policies_judge() -> None:
+    notes = _notes("--set", "webhook.validation.mode=both", "--set", "webhook.cel.assumeServed=true")
+    generated = yaml.safe_load((CHART / "files" / "cel-policies.yaml").read_text())
+    assert f"itself judges {', '.join(p['rule'] for p in generated['validating'])}:" in notes
+    assert "GPU009" in notes
 
 
 def test_notes_warn_about_a_single_fail_closed_replica() -> None:

@@ -82,8 +82,8 @@ def test_demo_manifest_verdict(stack: Stack, manifest: str) -> None:
 
 
 def readme_kubectl_examples() -> list[tuple[str, str]]:
-    """`$ kubectl apply -f FILE` blocks of the README with the output printed below each."""
-    text = (ROOT / "README.md").read_text()
+    """`$ kubectl apply -f FILE` blocks of docs/policy-rules.md with the output printed below each."""
+    text = (ROOT / "docs/policy-rules.md").read_text()
     examples = []
     for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
         for chunk in block.split("\n\n"):

@@ -33,22 +33,6 @@ def test_table_exact() -> None:
     assert inspect_render.render(report(), "table") == EXPECTED_TABLE
 
 
-def test_table_starts_like_this() -> None:
-    # The expected file, spelled out for one node so a reader sees the shape without opening it.
-    assert EXPECTED_TABLE.startswith(
-        "gpu-a100-exclusive   2x NVIDIA-A100-SXM4-40GB, 40960 MiB each\n"
-        "  sharing  none, config default (default)\n"
-        "  RESOURCE         CAPACITY   ALLOCATABLE   REQUESTED   FREE\n"
-        "  nvidia.com/gpu   2          2             1           1\n"
-        "  POD             CONTAINER   RESOURCE         AMOUNT\n"
-        "  ml/train-bert   trainer     nvidia.com/gpu   1\n"
-        "\n"
-    )
-    assert EXPECTED_TABLE.endswith(
-        "\n4 GPU nodes, 6 GPUs; free: nvidia.com/gpu 12/20, nvidia.com/mig-1g.5gb 1/2, nvidia.com/mig-2g.10gb 1/1, "
-        "nvidia.com/mig-3g.20gb 0/1; 9 pods holding GPU resources\n")
-
-
 def test_json_exact_and_valid_against_the_published_schema() -> None:
     text = inspect_render.render(report(), "json")
     assert text == EXPECTED_JSON
@@ -172,6 +156,6 @@ def test_schema_rejects_unknown_fields(path: tuple[object, ...]) -> None:
         jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
 
 
-def test_readme_shows_this_output() -> None:
-    readme = (HERE.parents[1] / "README.md").read_text()
+def test_the_docs_show_this_output() -> None:
+    readme = (HERE.parents[1] / "docs/inspect.md").read_text()
     assert f"$ kubectl gpu-stack inspect\n{EXPECTED_TABLE}```\n" in readme

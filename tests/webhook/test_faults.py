@@ -6,7 +6,7 @@
   policy changes behaviour, a broken one keeps the last good policy and logs why, naming the key;
 - slow clients (slow loris: headers a byte at a time) on more connections than threads x workers do
   not stop a normal request from being answered (slowclients.py);
-- TLS 1.0 is refused like TLS 1.1 (test_http_server.py) and plain HTTP gets no HTTP answer.
+- plain HTTP gets no HTTP answer (TLS 1.1 and older are refused: test_http_server.py).
 
 Every load loop is bounded in count and in time.
 """
@@ -19,10 +19,8 @@ import json
 import os
 import signal
 import socket
-import ssl
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -246,35 +244,14 @@ def test_slow_loris_clients_cannot_hold_every_thread(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# TLS floor and no plaintext listener
+# No plaintext listener (the TLS floor: test_http_server.py)
 # --------------------------------------------------------------------------------------------------
-
-
-def _legacy_context(server: Server, version: ssl.TLSVersion) -> ssl.SSLContext:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.load_verify_locations(str(server.pki.ca_cert))
-        context.set_ciphers("DEFAULT:@SECLEVEL=0")
-        context.minimum_version = version
-        context.maximum_version = version
-    return context
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with running_server(tmp_path_factory.mktemp("faults")) as srv:
         yield srv
-
-
-@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1], ids=["tls1.0", "tls1.1"])
-def test_legacy_tls_versions_are_refused(server: Server, version: ssl.TLSVersion) -> None:
-    try:
-        context = _legacy_context(server, version)
-    except (ssl.SSLError, ValueError):
-        pytest.skip(f"this OpenSSL cannot build a {version.name} client")
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw, pytest.raises(ssl.SSLError):
-        context.wrap_socket(raw, server_hostname="localhost")
 
 
 def test_plain_http_gets_no_http_answer(server: Server) -> None:

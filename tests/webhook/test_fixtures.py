@@ -1,12 +1,11 @@
-"""The recorded API-server traffic in tests/fixtures/ is an unchanged copy of the shared recordings."""
+"""The recorded API-server traffic in tests/fixtures/ lives in the repository, every file pinned by SHA256SUMS
+and unchanged."""
 
 from __future__ import annotations
 
 import hashlib
 
 from recordlib import FIXTURES, REPO_ROOT
-
-SHARED = REPO_ROOT.parent / "shared" / "fixtures" / "apiserver-v1.36"
 
 
 def pinned() -> dict[str, str]:
@@ -15,7 +14,7 @@ def pinned() -> dict[str, str]:
 
 
 def test_fixtures_live_in_the_repository() -> None:
-    # real files inside the checkout, not a link out to ../shared
+    # real files inside the checkout, not a link to a directory outside it
     assert not FIXTURES.is_symlink() and FIXTURES.resolve().is_relative_to(REPO_ROOT.resolve())
     assert sum(1 for p in FIXTURES.rglob("*.json") if p.is_file() and not p.is_symlink()) > 0
 
@@ -26,11 +25,3 @@ def test_every_copied_file_is_pinned_and_unchanged() -> None:
     assert files == set(sums)
     for name, digest in sums.items():
         assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest, name
-
-
-def test_copies_equal_the_shared_recordings_where_present() -> None:
-    compared = [name for name in pinned() if (SHARED / name).is_file()]
-    for name in compared:
-        assert (SHARED / name).read_bytes() == (FIXTURES / name).read_bytes(), name
-    # Beside a checkout with ../shared every copy has its source; a fresh clone alone compares none.
-    assert compared == sorted(pinned()) or not SHARED.is_dir()

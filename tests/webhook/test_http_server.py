@@ -299,10 +299,11 @@ def test_tls_1_2_clients_are_served(server: Server) -> None:
     assert _tls_version(server, maximum=ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
 
 
-def test_tls_1_1_is_refused(server: Server) -> None:
-    if not client_speaks_tls11(server.pki):
-        pytest.skip("this OpenSSL cannot complete a TLS 1.1 handshake even when the server allows it")
-    context = tls11_client_context(server.pki)
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1], ids=["tls1.0", "tls1.1"])
+def test_tls_1_1_and_older_are_refused(server: Server, version: ssl.TLSVersion) -> None:
+    if not client_speaks_tls11(server.pki, version):
+        pytest.skip(f"this OpenSSL cannot complete a {version.name} handshake even when the server allows it")
+    context = tls11_client_context(server.pki, version)
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw, pytest.raises(ssl.SSLError):
         context.wrap_socket(raw, server_hostname="localhost")
 

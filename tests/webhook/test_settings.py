@@ -1,5 +1,5 @@
 """The environment, read in one place (settings.py): defaults, every variable, errors naming the variable,
-and the README table that lists them."""
+and the table in docs/operations.md that lists them."""
 
 from __future__ import annotations
 
@@ -134,17 +134,17 @@ def test_a_bad_variable_stops_check_naming_it(
     assert "$GPU_STACK_WEBHOOK_RELOAD_SECONDS must be a number >= 0.0, got '-5'" in capsys.readouterr().err
 
 
-def readme_table() -> list[tuple[str, str, str]]:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Environment variables", 1)[1].split("\n#", 1)[0]
+def documented_table() -> list[tuple[str, str, str]]:
+    text = (REPO_ROOT / "docs/operations.md").read_text(encoding="utf-8")
+    section = text.split("## Environment variables", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \| (.*) \|$", section, flags=re.MULTILINE)
     return [(name, default, description) for name, default, description in rows]
 
 
-def test_the_readme_lists_every_variable_as_settings_py_has_it() -> None:
+def test_the_docs_list_every_variable_as_settings_py_has_it() -> None:
     expected = variables(Settings) + variables(TerminalSettings)
     table = "\n".join(f"| `{name}` | {default} | {description} |" for name, default, description in expected)
-    assert readme_table() == expected, f"README.md, section Environment variables, should read:\n{table}"
+    assert documented_table() == expected, f"docs/operations.md, section Environment variables, should read:\n{table}"
 
 
 def test_the_chart_sets_only_variables_settings_py_reads() -> None:

@@ -56,21 +56,21 @@ def client_context(pki: Pki, *, maximum: ssl.TLSVersion | None = None) -> ssl.SS
     return context
 
 
-def tls11_client_context(pki: Pki) -> ssl.SSLContext:
-    """A client that offers only TLS 1.1 (security level 0 so OpenSSL still allows it)."""
+def tls11_client_context(pki: Pki, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_1) -> ssl.SSLContext:
+    """A client that offers only `version`, TLS 1.1 or older (security level 0 so OpenSSL still allows it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.load_verify_locations(str(pki.ca_cert))
         context.set_ciphers("DEFAULT:@SECLEVEL=0")
-        context.minimum_version = ssl.TLSVersion.TLSv1_1
-        context.maximum_version = ssl.TLSVersion.TLSv1_1
+        context.minimum_version = version
+        context.maximum_version = version
     return context
 
 
-def client_speaks_tls11(pki: Pki) -> bool:
-    """Whether this OpenSSL can complete a TLS 1.1 handshake at all (against a local server that
-    allows it): without that, a refused TLS 1.1 handshake would prove nothing about our server."""
+def client_speaks_tls11(pki: Pki, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_1) -> bool:
+    """Whether this OpenSSL can complete a `version` handshake at all (against a local server that
+    allows it): without that, a refused handshake would prove nothing about our server."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
@@ -78,7 +78,7 @@ def client_speaks_tls11(pki: Pki) -> bool:
             server_ctx.load_cert_chain(str(pki.cert), str(pki.key))
             server_ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
             server_ctx.minimum_version = ssl.TLSVersion.TLSv1
-            client_ctx = tls11_client_context(pki)
+            client_ctx = tls11_client_context(pki, version)
         except (ssl.SSLError, ValueError):
             return False
     listener = socket.create_server(("127.0.0.1", 0))
@@ -97,7 +97,7 @@ def client_speaks_tls11(pki: Pki) -> bool:
             socket.create_connection(listener.getsockname(), timeout=10) as raw,
             client_ctx.wrap_socket(raw, server_hostname="localhost") as tls,
         ):
-            return tls.version() == "TLSv1.1"
+            return tls.version() == {ssl.TLSVersion.TLSv1: "TLSv1", ssl.TLSVersion.TLSv1_1: "TLSv1.1"}[version]
     except OSError:
         return False
     finally:

@@ -19,11 +19,13 @@
 {{- toYaml (uniq $names) }}
 {{- end }}
 
-{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. No repository: the local
-name `make image` builds by default (gpu-stack-webhook); validate.yaml stops an install that has none. */}}
+{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. No repository: validate.yaml
+stops an install (Helm talks to a cluster), and a render without one (helm template, Argo CD) names a
+registry under the reserved .invalid domain that says what to set, so the diff shows it and the kubelet's
+pull error names it. */}}
 {{- define "gpu-stack.webhook.image" -}}
 {{- $img := .Values.webhook.image }}
-{{- include "gpu-stack.image" (dict "repository" ($img.repository | default "gpu-stack-webhook") "tag" ($img.tag | default .Chart.AppVersion)) }}
+{{- include "gpu-stack.image" (dict "repository" ($img.repository | default "set-webhook-image-repository.invalid/gpu-stack-webhook") "tag" ($img.tag | default .Chart.AppVersion)) }}
 {{- end }}
 
 {{/*

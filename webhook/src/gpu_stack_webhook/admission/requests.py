@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_stack_webhook.admission.review import API_VERSION
-from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS
 
 PLURALS = {
     "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "StatefulSet": "statefulsets",
@@ -19,11 +18,6 @@ def group_version(obj: Mapping[str, Any]) -> tuple[str, str]:
     api_version = str(obj.get("apiVersion") or "v1")
     group, _, version = api_version.rpartition("/")
     return group, version
-
-
-def is_judged(obj: Mapping[str, Any]) -> bool:
-    key = (group_version(obj)[0], str(obj.get("kind")))
-    return key in JUDGED_KINDS or key in DRA_KINDS
 
 
 def admission_review(
