@@ -45,13 +45,14 @@ PARTS = {
     "apiserver-load": "bench/apiserver_load.py --part load",
     "apiserver-calls": "bench/apiserver_load.py --part calls",
     "scheduler-scale": "bench/scheduler_scale.py",
+    "pod-startup": "bench/pod_startup.py (as root, on a real node)",
 }
 DIRTY = "+ uncommitted changes"
 DIRTY_WARNING = ("**Not reproducible: a part of this file measured a checkout with uncommitted changes** (its run "
                  "below says `" + DIRTY + "`). Commit the code, run `make bench` again, and commit the file it "
                  "writes; tests/bench/test_bench_report.py refuses this file in a commit.")
 INTRO = ("Written whole by `make bench` (hack/bench_policy.py and bench/run_bench.py, then bench/many_clients.py, "
-         "bench/apiserver_load.py and bench/scheduler_scale.py; `make soak` and `make bench-inspect` write the parts "
+         "bench/apiserver_load.py, bench/scheduler_scale.py and bench/pod_startup.py; `make soak` and `make bench-inspect` write the parts "
          "it includes). Do not edit it by hand: each part says which run wrote it, on which commit. The history of "
          "how the review path got to these figures is in git (`git log -p -- BENCHMARKS.md bench/analysis.md`).")
 METHOD = [
