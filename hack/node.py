@@ -52,6 +52,7 @@ KUBECTL_IMAGE = "localhost/kubectl:e2e"
 IMAGES_DIR = ROOT / ".tools" / "images"
 DEBIAN_PACKAGES = ("containerd", "runsc", "containernetworking-plugins", "iptables", "busybox-static", "buildah")
 CNI_BIN = Path("/usr/lib/cni")
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 READY_TIMEOUT = float(os.environ.get("GPU_STACK_E2E_NODE_TIMEOUT", "180"))
 NODE_BINARIES = ("kubelet", "kube-proxy")
 
@@ -82,6 +83,19 @@ class Node:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.socket = self.dir / "containerd.sock"
         self.kubelet_root = self.dir / "kubelet"
+        # The kubelet serves device plugin registration at this fixed path whatever its --root-dir
+        # (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 constants.go KubeletSocket, v1.36): the node's own
+        # directory is bind-mounted there, inside the run's private mount namespace only.
+        self.device_plugin_dir = self.dir / "device-plugins"
+        self.busybox_image = BUSYBOX_IMAGE
+
+    @property
+    def node_name(self) -> str:
+        return self.name
+
+    def run_in_netns(self, cmd: list[str], **popen: object) -> subprocess.Popen[bytes]:
+        """Start a process beside the node (this process already runs in the node's network namespace)."""
+        return subprocess.Popen(cmd, **popen)  # type: ignore[call-overload]
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> Node:
@@ -126,6 +140,8 @@ class Node:
                 os.kill(pid, signal.SIGKILL)
         for mount in sorted(_mounts_under(self.dir), reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        if self.name == NODE_NAME and self.device_plugin_dir.exists():
+            subprocess.run(["umount", "-l", str(KUBELET_DEVICE_PLUGINS)], check=False, capture_output=True)
 
     def _terminate(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -156,6 +172,10 @@ class Node:
             # the kubelet refuses node IPs in 127.0.0.0/8; these kernels have no dummy link driver
             subprocess.run(["ip", "addr", "add", f"{self.ip}/32", "dev", "lo"], check=True)
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        if self.name == NODE_NAME:  # one node of a mount namespace owns the fixed path
+            KUBELET_DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "--bind", str(self.device_plugin_dir), str(KUBELET_DEVICE_PLUGINS)], check=True)
         # This namespace has no default route: without a route to Service IPs the kernel refuses a connection
         # from the node itself (a test, the kubelet's probes) before kube-proxy's OUTPUT rules can rewrite it.
         subprocess.run(["ip", "route", "replace", controlplane.SERVICE_CIDR, "dev", "lo", "src", self.ip], check=True)
