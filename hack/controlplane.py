@@ -305,15 +305,19 @@ class ControlPlane:
                        helm=str(helm) if helm.exists() else None)
 
     def _stop_processes(self) -> None:
-        procs = [self.procs.pop(n) for n in STOP_ORDER if n in self.procs]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for proc in [self.procs.pop(n) for n in STOP_ORDER if n in self.procs]:
+            stop_process(proc, 10)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; returns once the process is gone."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _client_context(pki: Pki) -> ssl.SSLContext:

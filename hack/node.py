@@ -145,14 +145,8 @@ class Node:
 
     def _terminate(self, name: str) -> None:
         proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            controlplane.stop_process(proc, 15)
 
     # --- pieces ----------------------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
