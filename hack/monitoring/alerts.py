@@ -134,14 +134,20 @@ GPU = Group("gpu-stack-gpus", (
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} reported XID 79: the driver "
         "lost it. Its pods fail until the node is drained and the GPU reset or the node rebooted.",
     ),
+    # The kubelet counts a device its plugin reports Unhealthy in capacity, not in allocatable
+    # (measured with tests/e2e/deviceplugin on a kubelet v1.36.2). A plugin that stops advertising a
+    # resource also leaves capacity above an allocatable of 0, for endpointStopGracePeriod (5 minutes,
+    # kubernetes pkg/kubelet/cm/devicemanager/types.go) until capacity drops too: `for` outlasts that.
     Alert(
         "GPUStackGPUAllocatableBelowCapacity",
-        f"min by (node, resource) (kube_node_status_allocatable{{{GPU_RESOURCES}}}) "
-        f"< min by (node, resource) (kube_node_status_capacity{{{GPU_RESOURCES}}})",
+        f"min by (node, resource) (kube_node_status_capacity{{{GPU_RESOURCES}}}) "
+        f"- min by (node, resource) (kube_node_status_allocatable{{{GPU_RESOURCES}}}) > 0",
         "15m", "warning",
-        "A node advertises fewer allocatable GPUs than it has.",
-        "Node {{ $labels.node }} has {{ $value }} allocatable {{ $labels.resource }}, below its capacity: "
-        "the device plugin marked devices unhealthy (an XID such as 79, 48 or 63).",
+        "A node has GPUs its device plugin reports unhealthy.",
+        "Node {{ $labels.node }} has {{ $value }} {{ $labels.resource }} device(s) in capacity but not "
+        "allocatable: its device plugin reports them Unhealthy (after an XID such as 79, 48 or 63). The "
+        "NVIDIA device plugin never reports a device healthy again: once the GPU is reset, restart the "
+        "plugin's pod on the node.",
     ),
     Alert(
         "GPUStackGPUTemperatureHigh",
