@@ -190,7 +190,11 @@ class StandInPlugin:
 
     def start(self) -> StandInPlugin:
         self.serve()
-        self.register()
+        try:
+            self.register()
+        except BaseException:
+            self.stop()  # leave no socket behind in the kubelet's directory
+            raise
         return self
 
     def stop(self) -> None:
