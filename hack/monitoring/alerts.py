@@ -34,6 +34,14 @@ XID_FELL_OFF_BUS = 79
 GPU_TEMPERATURE_CELSIUS = 85
 
 
+def with_hostname(expr: str) -> str:
+    """A DCGM exporter alert's result with the node in `Hostname` whichever spelling the exporter uses: up to
+    tag 4.5.3-4.8.2 it writes `Hostname`, its main branch since d5e5f510a1b6 ("Rename Hostname label to
+    hostname") writes `hostname` (NVIDIA/dcgm-exporter internal/pkg/rendermetrics/render_metrics.go); the
+    chart sets NODE_NAME, so the value is the node's name either way. Annotations read `$labels.Hostname`."""
+    return f'label_replace({expr}, "Hostname", "$1", "hostname", "(.+)")'
+
+
 @dataclass(frozen=True)
 class Alert:
     name: str
@@ -120,7 +128,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPUXIDError",
-        "DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0",
+        with_hostname("DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0"),
         "0m", "warning",
         "A GPU reported a new XID error.",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} reported XID {{ $value }}. "
@@ -128,7 +136,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPUFellOffTheBus",
-        f"DCGM_FI_DEV_XID_ERRORS == {XID_FELL_OFF_BUS}",
+        with_hostname(f"DCGM_FI_DEV_XID_ERRORS == {XID_FELL_OFF_BUS}"),
         "0m", "critical",
         "A GPU fell off the bus (XID 79).",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} reported XID 79: the driver "
@@ -151,7 +159,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPUTemperatureHigh",
-        f"DCGM_FI_DEV_GPU_TEMP > {GPU_TEMPERATURE_CELSIUS}",
+        with_hostname(f"DCGM_FI_DEV_GPU_TEMP > {GPU_TEMPERATURE_CELSIUS}"),
         "10m", "warning",
         f"A GPU has been above {GPU_TEMPERATURE_CELSIUS} °C for 10 minutes.",
         "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is at {{ $value }} °C; it throttles its clocks near "
@@ -159,7 +167,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPURowRemapFailure",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+        with_hostname("DCGM_FI_DEV_ROW_REMAP_FAILURE > 0"),
         "0m", "critical",
         "A GPU failed to remap a memory row after an uncorrectable error.",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} could not remap a row of its "
