@@ -36,11 +36,16 @@ class FakeKubelet:
         self._server.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         for channel in self._channels:
             channel.close()
+        self._channels.clear()
         if self._server is not None:
             self._server.stop(grace=None).wait()
+            self._server = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def registered(self, count: int, timeout: float = 10) -> dict[str, Any]:
         """The next `count` registrations, by resource name."""

@@ -259,3 +259,20 @@ def test_the_process_registers_and_follows_its_health_file(plugin_dir: Path, tmp
             proc.terminate()
             assert proc.wait(timeout=10) == 0
     assert not (plugin_dir / request.endpoint).exists()
+
+
+
+def test_registers_again_with_a_restarted_kubelet(plugin_dir: Path) -> None:
+    """A restarted kubelet makes a new kubelet.sock and removes the plugins' sockets: the stand-in serves and
+    registers again (as upstream's cmd/nvidia-device-plugin/main.go on the socket's Create event)."""
+    plugin = _plugin("default")
+    with FakeKubelet(plugin_dir) as first, StandInPlugin(plugin, plugin_dir):
+        assert list(first.registered(1)) == ["nvidia.com/gpu"]
+        first.stop()
+        for socket in plugin_dir.glob("*.sock"):
+            socket.unlink()
+        with FakeKubelet(plugin_dir) as second:
+            request = second.registered(1)["nvidia.com/gpu"]
+            watch = Watch(second.client(request.endpoint))
+            assert len(watch.next()) == 2
+            watch.cancel()

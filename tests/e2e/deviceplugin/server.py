@@ -4,6 +4,10 @@
 Register with version v1beta1, the socket's base name, the resource name and
 GetPreferredAllocationAvailable; GetDevicePluginOptions the same; PreStartContainer answers empty).
 
+A new kubelet.sock (a restarted kubelet, which also removes the plugins' sockets) makes it serve and
+register again, as upstream's cmd/nvidia-device-plugin/main.go does on the socket's fsnotify Create event
+(here: a poll of the socket's inode).
+
 Health is driven from outside: `set_health` in-process, or a JSON file (`health_file`: {"unhealthy":
 [device IDs]}) that the plugin polls, so a test in another process can mark a device Unhealthy and back.
 Every change is sent on the open ListAndWatch streams, as upstream sends the whole device list again.
@@ -27,6 +31,7 @@ from .model import API_VERSION, HEALTHY, UNHEALTHY, AllocateError, ContainerAllo
 
 KUBELET_SOCKET = "kubelet.sock"  # deviceplugin/v1beta1 constants.go KubeletSocket (in DevicePluginPath)
 HEALTH_POLL_SECONDS = 0.2
+KUBELET_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class StandInPlugin:
         self.calls: list[AllocateCall] = []
         self._servers: list[grpc.Server] = []
         self._poller: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
 
     # -- health --------------------------------------------------------------------------------------
     def set_health(self, resource: str, device_id: str, healthy: bool) -> None:
@@ -164,6 +170,12 @@ class StandInPlugin:
         return self.plugin_dir / self.plugin.resource(resource).socket_name
 
     def serve(self) -> None:
+        self._serve_resources()
+        if self.health_file is not None:
+            self._poller = threading.Thread(target=self._poll_health_file, name="health-file", daemon=True)
+            self._poller.start()
+
+    def _serve_resources(self) -> None:
         _, grpc_mod = stubs.load()
         for res in self.plugin.resources:
             path = self.socket(res.name)
@@ -173,9 +185,6 @@ class StandInPlugin:
             server.add_insecure_port(f"unix://{path}")
             server.start()
             self._servers.append(server)
-        if self.health_file is not None:
-            self._poller = threading.Thread(target=self._poll_health_file, name="health-file", daemon=True)
-            self._poller.start()
 
     def register(self, timeout: float = 5.0) -> None:
         """Register every resource with the kubelet (Registration.Register on kubelet.sock)."""
@@ -195,7 +204,32 @@ class StandInPlugin:
         except BaseException:
             self.stop()  # leave no socket behind in the kubelet's directory
             raise
+        self._watcher = threading.Thread(target=self._follow_kubelet, name="kubelet-socket", daemon=True)
+        self._watcher.start()
         return self
+
+    def _kubelet_socket_id(self) -> tuple[int, int] | None:
+        try:
+            stat = (self.plugin_dir / KUBELET_SOCKET).stat()
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_ctime_ns  # an inode number alone may be reused by the new socket
+
+    def _follow_kubelet(self) -> None:
+        known = self._kubelet_socket_id()
+        while not self.stopped.wait(KUBELET_POLL_SECONDS):
+            current = self._kubelet_socket_id()
+            if current is None or current == known:
+                continue
+            known = current
+            for server in self._servers:
+                server.stop(grace=None)
+            self._servers.clear()
+            self._serve_resources()
+            try:
+                self.register()
+            except (grpc.FutureTimeoutError, grpc.RpcError):
+                known = None  # the kubelet is not answering yet: try again on the next poll
 
     def stop(self) -> None:
         self.stopped.set()
