@@ -272,7 +272,7 @@ def test_registers_again_with_a_restarted_kubelet(plugin_dir: Path) -> None:
         for socket in plugin_dir.glob("*.sock"):
             socket.unlink()
         with FakeKubelet(plugin_dir) as second:
-            request = second.registered(1)["nvidia.com/gpu"]
+            request = second.registered(1, timeout=60)["nvidia.com/gpu"]
             watch = Watch(second.client(request.endpoint))
             assert len(watch.next()) == 2
             watch.cancel()

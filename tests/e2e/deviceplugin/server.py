@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -222,14 +223,15 @@ class StandInPlugin:
             if current is None or current == known:
                 continue
             known = current
-            for server in self._servers:
-                server.stop(grace=None)
-            self._servers.clear()
-            self._serve_resources()
             try:
+                for server in self._servers:
+                    server.stop(grace=None).wait()
+                self._servers.clear()
+                self._serve_resources()
                 self.register()
-            except (grpc.FutureTimeoutError, grpc.RpcError):
-                known = None  # the kubelet is not answering yet: try again on the next poll
+            except Exception as exc:  # the kubelet may not answer yet: retry on the next poll
+                print(f"stand-in device plugin: registering again failed, retrying: {exc!r}", file=sys.stderr)
+                known = None
 
     def stop(self) -> None:
         self.stopped.set()
