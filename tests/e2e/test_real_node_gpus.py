@@ -72,7 +72,9 @@ class StandIn:
         objects = rendered.objects()
         self.sharing = ChartSharing.from_objects(objects)
         self.spec = NodeSpec(node.node_name, gpus=gpus, model=model)
-        self.plugin: NodePlugin = node_plugin(self.spec, self.sharing, mps_root=mps_root_of(objects))
+        # GPUs of their own: the kubelet may still hold an earlier test's devices for pods it is cleaning up.
+        seed = uuid.uuid4().hex
+        self.plugin: NodePlugin = node_plugin(self.spec, self.sharing, mps_root=mps_root_of(objects), gpu_seed=seed)
         (tmp / "render.yaml").write_text(rendered.stdout, encoding="utf-8")
         write_health(self.health, [])
         plugin_dir = getattr(node, "device_plugin_dir", DEVICE_PLUGIN_DIR)
@@ -80,14 +82,18 @@ class StandIn:
         self.proc: subprocess.Popen[Any] = node.run_in_netns([
             sys.executable, "-m", "tests.e2e.deviceplugin", "--render", str(tmp / "render.yaml"),
             "--node", node.node_name, "--gpus", str(gpus), "--model", model, "--plugin-dir", str(plugin_dir),
-            "--health-file", str(self.health), "--no-device-specs"])
+            "--health-file", str(self.health), "--no-device-specs", "--gpu-seed", seed])
 
     def promised(self) -> dict[str, str]:
         return {k: v for k, v in plan(self.spec, self.sharing).resources.items() if k.startswith("nvidia.com/")}
 
     def stop(self) -> None:
+        """Stop the plugin and wait until the kubelet has withdrawn its devices (allocatable 0), so that the
+        next plugin's wait for its numbers cannot pass on this one's."""
         self.proc.terminate()
         self.proc.wait(timeout=30)
+        gone = {name: "0" for name in self.promised()}
+        _wait(lambda: _gpu_resources(self.node, gone)[1] == gone, "the stopped plugin's devices withdrawn")
 
 
 @pytest.fixture

@@ -2,12 +2,14 @@
 
     python -m tests.e2e.deviceplugin --render render.yaml --node node1 --gpus 4 [--model Tesla-T4]
         [--config time-slicing] [--mig-config all-1g.10gb] --plugin-dir <kubelet root>/device-plugins
-        [--health-file health.json] [--no-device-specs]
+        [--health-file health.json] [--no-device-specs] [--gpu-seed SEED]
 
 render.yaml is `helm template` output of the release the node belongs to. --health-file: a JSON file
 {"unhealthy": [device IDs]} the plugin polls (server.write_health writes it). --no-device-specs leaves out
 the /dev/nvidia* device nodes a passDeviceSpecs config would hand over (a node without them cannot start
-the container). Prints one JSON line with the resources and device IDs once registered.
+the container). --gpu-seed: made-up GPU UUIDs from this seed instead of the node name (GPUs the kubelet has
+not seen before; its old ones may still be held by pods it is cleaning up). Prints one JSON line with the
+resources and device IDs once registered.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plugin-dir", type=Path, required=True)
     parser.add_argument("--health-file", type=Path, default=None)
     parser.add_argument("--no-device-specs", action="store_true")
+    parser.add_argument("--gpu-seed", default=None)
     args = parser.parse_args(argv)
     objects = [d for d in yaml.safe_load_all(args.render.read_text(encoding="utf-8")) if d]
     spec = NodeSpec(args.node, gpus=args.gpus, model=args.model, config=args.config, mig_config=args.mig_config)
-    plugin = node_plugin(spec, ChartSharing.from_objects(objects), mps_root=mps_root_of(objects))
+    plugin = node_plugin(spec, ChartSharing.from_objects(objects), mps_root=mps_root_of(objects),
+                         gpu_seed=args.gpu_seed)
     if args.no_device_specs:
         plugin = dataclasses.replace(plugin, pass_device_specs=False)
     done = threading.Event()

@@ -247,9 +247,11 @@ def _made_up_uuid(prefix: str, *parts: object) -> str:
     return f"{prefix}-{uuid.uuid5(UUID_NAMESPACE, '/'.join(str(p) for p in parts))}"
 
 
-def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvidia/mps") -> NodePlugin:
+def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvidia/mps",
+                gpu_seed: str | None = None) -> NodePlugin:
     """The stand-in for the node `spec` of a release whose device plugin inputs are `sharing` (the same
-    derivation as fleet.plan: the resource names and counts agree with what the fleet publishes)."""
+    derivation as fleet.plan: the resource names and counts agree with what the fleet publishes). The GPU
+    and MIG UUIDs are made up from `gpu_seed` (default: the node's name): another seed, other GPUs."""
     if spec.gpus <= 0:
         raise FleetError(f"node {spec.name}: no GPUs, no device plugin")
     model = GPU_MODELS[spec.model]
@@ -261,7 +263,8 @@ def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvi
     plugin_flags = flags.get("plugin") or {}
     strategy = plugin_flags.get("deviceListStrategy") or ["volume-mounts"]
     id_strategy = str(plugin_flags.get("deviceIDStrategy") or "uuid")
-    gpus = [(i, _made_up_uuid("GPU", spec.name, i)) for i in range(spec.gpus)]
+    seed = gpu_seed if gpu_seed is not None else spec.name
+    gpus = [(i, _made_up_uuid("GPU", seed, i)) for i in range(spec.gpus)]
 
     def gpu_id(index: int, gpu_uuid: str) -> str:
         return gpu_uuid if id_strategy == "uuid" else str(index)
@@ -276,7 +279,7 @@ def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvi
             for profile, count in sorted(per_gpu.items()):
                 name = FULL_GPU if mig == "single" else MIG_RESOURCE_PREFIX + profile
                 for _ in range(count):
-                    mig_uuid = _made_up_uuid("MIG", spec.name, index, mig_index)
+                    mig_uuid = _made_up_uuid("MIG", seed, index, mig_index)
                     device_id = mig_uuid if id_strategy == "uuid" else f"{index}:{mig_index}"
                     by_resource.setdefault(name, []).append(Device(device_id, index, gpu_uuid, device_id))
                     mig_index += 1
