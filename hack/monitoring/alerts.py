@@ -34,6 +34,14 @@ XID_FELL_OFF_BUS = 79
 GPU_TEMPERATURE_CELSIUS = 85
 
 
+def with_hostname(expr: str) -> str:
+    """A DCGM exporter alert's result with the node in `Hostname` whichever spelling the exporter uses: up to
+    tag 4.5.3-4.8.2 it writes `Hostname`, its main branch since d5e5f510a1b6 ("Rename Hostname label to
+    hostname") writes `hostname` (NVIDIA/dcgm-exporter internal/pkg/rendermetrics/render_metrics.go); the
+    chart sets NODE_NAME, so the value is the node's name either way. Annotations read `$labels.Hostname`."""
+    return f'label_replace({expr}, "Hostname", "$1", "hostname", "(.+)")'
+
+
 @dataclass(frozen=True)
 class Alert:
     name: str
@@ -120,7 +128,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPUXIDError",
-        "DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0",
+        with_hostname("DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0"),
         "0m", "warning",
         "A GPU reported a new XID error.",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} reported XID {{ $value }}. "
@@ -128,24 +136,30 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPUFellOffTheBus",
-        f"DCGM_FI_DEV_XID_ERRORS == {XID_FELL_OFF_BUS}",
+        with_hostname(f"DCGM_FI_DEV_XID_ERRORS == {XID_FELL_OFF_BUS}"),
         "0m", "critical",
         "A GPU fell off the bus (XID 79).",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} reported XID 79: the driver "
         "lost it. Its pods fail until the node is drained and the GPU reset or the node rebooted.",
     ),
+    # The kubelet counts a device its plugin reports Unhealthy in capacity, not in allocatable
+    # (measured with tests/e2e/deviceplugin on a kubelet v1.36.2). A plugin that stops advertising a
+    # resource also leaves capacity above an allocatable of 0, for endpointStopGracePeriod (5 minutes,
+    # kubernetes pkg/kubelet/cm/devicemanager/types.go) until capacity drops too: `for` outlasts that.
     Alert(
         "GPUStackGPUAllocatableBelowCapacity",
-        f"min by (node, resource) (kube_node_status_allocatable{{{GPU_RESOURCES}}}) "
-        f"< min by (node, resource) (kube_node_status_capacity{{{GPU_RESOURCES}}})",
+        f"min by (node, resource) (kube_node_status_capacity{{{GPU_RESOURCES}}}) "
+        f"- min by (node, resource) (kube_node_status_allocatable{{{GPU_RESOURCES}}}) > 0",
         "15m", "warning",
-        "A node advertises fewer allocatable GPUs than it has.",
-        "Node {{ $labels.node }} has {{ $value }} allocatable {{ $labels.resource }}, below its capacity: "
-        "the device plugin marked devices unhealthy (an XID such as 79, 48 or 63).",
+        "A node has GPUs its device plugin reports unhealthy.",
+        "Node {{ $labels.node }} has {{ $value }} {{ $labels.resource }} device(s) in capacity but not "
+        "allocatable: its device plugin reports them Unhealthy (after an XID such as 79, 48 or 63). The "
+        "NVIDIA device plugin never reports a device healthy again: once the GPU is reset, restart the "
+        "plugin's pod on the node.",
     ),
     Alert(
         "GPUStackGPUTemperatureHigh",
-        f"DCGM_FI_DEV_GPU_TEMP > {GPU_TEMPERATURE_CELSIUS}",
+        with_hostname(f"DCGM_FI_DEV_GPU_TEMP > {GPU_TEMPERATURE_CELSIUS}"),
         "10m", "warning",
         f"A GPU has been above {GPU_TEMPERATURE_CELSIUS} °C for 10 minutes.",
         "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is at {{ $value }} °C; it throttles its clocks near "
@@ -153,7 +167,7 @@ GPU = Group("gpu-stack-gpus", (
     ),
     Alert(
         "GPUStackGPURowRemapFailure",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+        with_hostname("DCGM_FI_DEV_ROW_REMAP_FAILURE > 0"),
         "0m", "critical",
         "A GPU failed to remap a memory row after an uncorrectable error.",
         "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.Hostname }} could not remap a row of its "

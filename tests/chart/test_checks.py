@@ -62,6 +62,31 @@ FAIL_CASES: list[Any] = [
     pytest.param({"toolkit.enabled": False, "devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains envvar with a preinstalled toolkit "
                  "(toolkit.enabled=false): a toolkit that honours NVIDIA_VISIBLE_DEVICES", id="envvar-preinstalled"),
+    # What the plugin refuses to load (it would restart on every node using the config): k8s-device-plugin
+    # v0.20.0 api/config/v1/replicas.go (replicas >= 2), resources.go NewResourceName (a DNS-1123 name).
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 0}]}}}}, "gpu-stack",
+                 "gpu-stack: sharing.configs.default.timeSlicing.resources nvidia.com/gpu sets replicas 0; the device "
+                 "plugin (v0.20.0) refuses a config with fewer than 2 replicas", id="sharing-replicas-0"),
+    pytest.param({"sharing.configs": {"default": {"mps": {"resources": [{"name": "gpu", "replicas": 1}]}}}},
+                 "gpu-stack", "gpu-stack: sharing.configs.default.mps.resources nvidia.com/gpu sets replicas 1",
+                 id="sharing-replicas-1"),
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
+        {"name": "example.com/gpu", "replicas": 2}]}}}}, "gpu-stack",
+                 'gpu-stack: sharing.configs.default.timeSlicing.resources names "example.com/gpu", which the device '
+                 "plugin (v0.20.0) refuses", id="sharing-name-other-domain"),
+    pytest.param({"sharing.configs": {"default": {"migStrategy": "mixed", "timeSlicing": {"resources": [
+        {"name": "nvidia.com/mig-1g.10gb+me", "replicas": 2}]}}}, "migManager.enabled": True}, "gpu-stack",
+                 'gpu-stack: sharing.configs.default.timeSlicing.resources names "nvidia.com/mig-1g.10gb+me", which '
+                 "the device plugin (v0.20.0) refuses", id="sharing-name-plus"),
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/GPU", "replicas": 2}]}}}}, "gpu-stack",
+                 'gpu-stack: sharing.configs.default.timeSlicing.resources names "nvidia.com/GPU"',
+                 id="sharing-name-upper-case"),
+    pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu.shared", "replicas": 2}]}}}}, "gpu-stack",
+                 "gpu-stack: sharing.configs.default.timeSlicing.resources names nvidia.com/gpu.shared, a resource the "
+                 "device plugin has no devices for", id="sharing-name-no-devices"),
     # k8s-device-plugin v0.20.0 api/config/v1/config.go DisableResourceNamingInConfig: rename is dropped
     pytest.param({"sharing.configs": {"default": {"timeSlicing": {"resources": [
         {"name": "gpu", "rename": "gpu-ts", "replicas": 4}]}}}}, "gpu-stack",
@@ -144,6 +169,9 @@ def test_valid_neighbours_of_fail_cases_render() -> None:
         {"toolkit.enabled": False, "gpuNodes.runtimeClassName": ""},
         {"toolkit.runtimeClass.name": "nvidia-cdi", "gpuNodes.runtimeClassName": "nvidia-cdi"},
         {"toolkit.enabled": False, "devicePlugin.enabled": False, "gfd.enabled": False, "dcgmExporter.enabled": False},
+        {"sharing.configs": {"default": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}}},
+        {"sharing.configs": {"default": {"migStrategy": "mixed", "timeSlicing": {"resources": [
+            {"name": "nvidia.com/mig-1g.10gb.me", "replicas": 2}]}}}, "migManager.enabled": True},
     ):
         result = render(3, set_json=set_json)
         assert result.ok, (set_json, result.stderr)

@@ -35,7 +35,8 @@ DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 DEVICE_REF = re.compile(
     r"^([0-9]+|[0-9]+:[0-9]+|(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
     r"|MIG-GPU-[0-9a-fA-F-]{36}/[0-9]+/[0-9]+)$")
-RESOURCE_NAME = re.compile(r"^nvidia\.com/[a-z0-9]([-a-z0-9_.+]*[a-z0-9])?$")
+# resources.go NewResourceName: nvidia.com/ and a DNS-1123 subdomain (k8s.io/apimachinery NameIsDNSSubdomain).
+RESOURCE_NAME = re.compile(r"^nvidia\.com/[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def _device_list_strategy(value: Any) -> bool:

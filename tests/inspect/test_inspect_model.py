@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -212,3 +213,38 @@ def test_dra_devices_allocated_by_claims_and_free() -> None:
         "  gpu-1        gpu.nvidia.com   dra-1   gpu    NVIDIA A100-SXM4-40GB   ml/trainer-gpu-x7   ml/trainer\n"
     ) in table
     assert table.endswith("1 GPU node, 0 GPUs; DRA devices free: 1/2; 0 pods holding GPU resources\n")
+
+
+def test_unhealthy_gpus_and_the_pods_still_holding_them() -> None:
+    """A device the plugin reports Unhealthy leaves capacity and drops from allocatable (the kubelet's
+    device manager); measured on a kubelet v1.36.2 node with the stand-in plugin (tests/e2e/deviceplugin)."""
+    ts = copy.deepcopy(NODES[1])  # gpu-t4-timesliced: 8 replicas
+    ts["status"]["allocatable"]["nvidia.com/gpu"] = "7"
+    pods = [pod("ml", "notebook-1", "gpu-t4-timesliced", [container("c", {"nvidia.com/gpu": 1})]),
+            pod("vision", "detector", "gpu-t4-timesliced", [container("c", {"nvidia.com/gpu": 1})])]
+    report = build_report([ts], pods, chart_sharing(), holder_namespace="ml")
+    (record,) = report.nodes
+    assert [(r.capacity, r.allocatable, r.unhealthy) for r in record.resources] == [(8, 7, 1)]
+    # Every namespace's holders are named: the unhealthy device may be any of theirs.
+    assert record.notes == ("nvidia.com/gpu: 1 of 8 unhealthy; still held by ml/notebook-1, vision/detector "
+                            "(the API does not say which pod has which device)",)
+    text = render(report, "table")
+    assert "note: nvidia.com/gpu: 1 of 8 unhealthy" in text
+    assert "unhealthy: nvidia.com/gpu 1" in text.splitlines()[-1]
+    (usage_json,) = json.loads(render(report, "json"))["nodes"][0]["resources"]
+    assert (usage_json["capacity"], usage_json["allocatable"], usage_json["unhealthy"]) == (8, 7, 1)
+    assert report.to_dict()["summary"]["resources"][0]["unhealthy"] == 1
+
+
+def test_a_resource_with_nothing_allocatable_and_no_holder() -> None:
+    ts = copy.deepcopy(NODES[1])
+    ts["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    (record,) = build_report([ts], [], chart_sharing()).nodes
+    assert record.notes == ("nvidia.com/gpu: 8 of 8 unhealthy (or its device plugin no longer advertises it); "
+                            "no pod holds one",)
+
+
+def test_healthy_nodes_have_no_unhealthy_note() -> None:
+    report = build_report(NODES, PODS, chart_sharing())
+    assert all("unhealthy" not in note for n in report.nodes for note in n.notes)
+    assert "unhealthy" not in render(report, "table")

@@ -147,3 +147,27 @@ def test_nothing_monitoring_renders_without_the_operator() -> None:
     """The monitoring stack absent: no ServiceMonitor, no PrometheusRule, and the render succeeds."""
     objects = render(3).objects()
     assert find(objects, "PrometheusRule") == [] and find(objects, "ServiceMonitor") == []
+
+
+def test_no_alert_annotation_reads_a_host_label_its_expression_may_lack() -> None:
+    """An annotation that prints `$labels.Hostname` needs an expression that sets it from either spelling
+    (alerts.with_hostname); no annotation reads the lowercase `hostname`, which older exporters lack."""
+    for alert in alerts.alerts():
+        text = alert.summary + alert.description
+        assert "$labels.hostname" not in text, alert.name
+        if "$labels.Hostname" in text:
+            assert alert.expr.startswith("label_replace(") and alert.expr.endswith(
+                ', "Hostname", "$1", "hostname", "(.+)")'), alert.name
+
+
+def test_the_host_unit_tests_fail_without_the_relabelling(tmp_path: Path) -> None:
+    """Without with_hostname, a lowercase `hostname` leaves the annotations' host empty: the unit tests say so."""
+    spec = rendered_rules()
+    for rule in _rules(spec):
+        prefix = "label_replace("
+        if rule["expr"].startswith(prefix):
+            rule["expr"] = rule["expr"][len(prefix):].rsplit(', "Hostname"', 1)[0]
+    write_rules(tmp_path, spec)
+    shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
+    result = run_promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
+    assert result.returncode != 0 and "GPU 1 (GPU-1111) on  reported XID 79" in result.stdout + result.stderr

@@ -30,7 +30,7 @@ The records and their `-o json` / `-o yaml` shape (versioned, inspect-v1.schema.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -276,7 +276,9 @@ def _node_config(labels: Mapping[str, str], sharing: SharingIndex | None) -> tup
         f"{sharing.label}={chosen} names no config; the device plugin falls back to {sharing.default!r}"]
 
 
-def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> list[str]:
+def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse],
+                holding: Mapping[str, Sequence[str]]) -> list[str]:
+    """`holding`: resource -> namespace/name of the node's pods that hold some of it (every namespace)."""
     notes = []
     state = labels.get("nvidia.com/mig.config.state")
     if state and state != "success":
@@ -284,6 +286,12 @@ def _node_notes(labels: Mapping[str, str], resources: Iterable[ResourceUse]) -> 
     for res in resources:
         if res.free < 0:
             notes.append(f"{res.name}: pods request {res.requested}, {res.allocatable} allocatable")
+        if res.unhealthy:
+            pods = holding.get(res.name, ())
+            gone = " (or its device plugin no longer advertises it)" if res.allocatable == 0 else ""
+            held = (f"still held by {', '.join(pods)} (the API does not say which pod has which device)" if pods
+                    else "no pod holds one")
+            notes.append(f"{res.name}: {res.unhealthy} of {res.capacity} unhealthy{gone}; {held}")
     return notes
 
 
@@ -310,11 +318,13 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         capacity, allocatable = _dict(status.get("capacity")), _dict(status.get("allocatable"))
         name = str(meta.get("name", ""))
         requested: dict[str, int] = {}
+        holding: dict[str, list[str]] = {}
         holders: list[Holder] = []
         for pod in sorted(by_node.get(name, []), key=_pod_key):
             pmeta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
             for res, amount in pod_requests(spec, is_gpu).items():
                 requested[res] = requested.get(res, 0) + amount
+                holding.setdefault(res, []).append(f"{pmeta.get('namespace', '')}/{pmeta.get('name', '')}")
             if holder_namespace is not None and pmeta.get("namespace") != holder_namespace:
                 continue
             phase = str(_dict(pod.get("status")).get("phase") or "Unknown")
@@ -341,7 +351,7 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             mig_state=labels.get("nvidia.com/mig.config.state"),
             resources=resources,
             holders=tuple(holders),
-            notes=tuple(node_notes + _node_notes(labels, resources)),
+            notes=tuple(node_notes + _node_notes(labels, resources, holding)),
             dra=tuple(dra.get(name, ())),
         ))
     return Report(nodes=tuple(records), other_nodes=other, notes=tuple(notes), holder_namespace=holder_namespace,

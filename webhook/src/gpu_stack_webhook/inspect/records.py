@@ -32,6 +32,12 @@ class ResourceUse:
     def free(self) -> int:
         return self.allocatable - self.requested
 
+    @property
+    def unhealthy(self) -> int:
+        """Devices the kubelet counts in capacity but not in allocatable: those its device plugin reports
+        Unhealthy (pkg/kubelet/cm/devicemanager: allocatable counts healthy devices only)."""
+        return max(self.capacity - self.allocatable, 0)
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -155,7 +161,7 @@ class Report:
 
 def _usage_dict(res: ResourceUse) -> dict[str, Any]:
     return {"name": res.name, "capacity": res.capacity, "allocatable": res.allocatable,
-            "requested": res.requested, "free": res.free}
+            "requested": res.requested, "free": res.free, "unhealthy": res.unhealthy}
 
 
 def _node_dict(node: NodeRecord) -> dict[str, Any]:

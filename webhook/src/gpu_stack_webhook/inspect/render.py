@@ -161,6 +161,9 @@ def summary_line(report: Report) -> str:
     text = f"{nodes} GPU node{'s' if nodes != 1 else ''}, {report.gpus} GPU{'s' if report.gpus != 1 else ''}"
     if report.totals:
         text += "; free: " + ", ".join(f"{r.name} {r.free}/{r.allocatable}" for r in report.totals)
+    unhealthy = [r for r in report.totals if r.unhealthy]
+    if unhealthy:
+        text += "; unhealthy: " + ", ".join(f"{r.name} {r.unhealthy}" for r in unhealthy)
     published, allocated = report.dra_devices
     if published:
         text += f"; DRA devices free: {published - allocated}/{published}"
