@@ -44,6 +44,7 @@ COMPILED = [
     "policy/rules/gpu_limits.py",
     "policy/rules/mig_resources.py",
     "policy/rules/mps.py",
+    "policy/rules/policy_source.py",
     "policy/rules/privileged.py",
     "policy/rules/runtime_class.py",
     "policy/rules/shared_requests.py",

@@ -45,6 +45,7 @@ from gpu_stack_webhook.policy.rules import (
     gpu_limits,
     mig_resources,
     mps,
+    policy_source,
     privileged,
     runtime_class,
     shared_requests,
@@ -82,6 +83,6 @@ def _rule(module: ModuleType) -> Rule:
 RULES: tuple[Rule, ...] = tuple(
     _rule(m)
     for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass,
-              runtime_class, dra_claims)
+              runtime_class, dra_claims, policy_source)
 )
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)

@@ -1,0 +1,77 @@
+"""Policy only (docs/gpu-operator.md): Chart-values-examples/policy-only-*.yaml install the webhook, inspect's
+RBAC, the dashboards and the alerts, no node agent, and give the webhook what it needs to follow the
+GPU Operator's ClusterPolicy or the device-plugin chart's ConfigMap live."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .chartlib import find, one, render
+
+NODE_AGENT_KINDS = ("DaemonSet", "NodeFeatureRule", "RuntimeClass")
+WEBHOOK = "t-gpu-stack-webhook"
+MONITORING = {"monitoring.prometheusRule.enabled": True}
+
+
+def args(objects: list[dict[str, Any]]) -> list[str]:
+    deployment = one(objects, "Deployment", WEBHOOK)
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("overlay", ["policy-only-gpu-operator.yaml", "policy-only-device-plugin.yaml"])
+def test_policy_only_installs_no_node_agent_and_keeps_admission_and_monitoring(overlay: str) -> None:
+    objects = render(overlay=overlay, set_json=MONITORING).objects()
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in NODE_AGENT_KINDS] == []
+    assert find(objects, "ValidatingWebhookConfiguration") and find(objects, "MutatingWebhookConfiguration")
+    assert find(objects, "PrometheusRule")
+    assert [cm for cm in find(objects, "ConfigMap") if cm["metadata"].get("labels", {}).get("grafana_dashboard")]
+    assert find(objects, "ClusterRole", "t-gpu-stack-inspect")
+
+
+def test_gpu_operator_overlay_reads_the_cluster_policy() -> None:
+    objects = render(overlay="policy-only-gpu-operator.yaml").objects()
+    argv = args(objects)
+    assert option(argv, "--policy-source") == "gpu-operator"
+    assert (option(argv, "--cluster-policy"), option(argv, "--operator-namespace")) == ("cluster-policy", "gpu-operator")
+    assert option(argv, "--policy-source-interval") == "2s"
+    rules = one(objects, "ClusterRole", f"{WEBHOOK}-policy-source")["rules"]
+    assert rules == [{"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],
+                      "resourceNames": ["cluster-policy"], "verbs": ["get"]}]
+    role = one(objects, "Role", f"{WEBHOOK}-policy-source")
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    binding = one(objects, "RoleBinding", f"{WEBHOOK}-policy-source")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": "gpu-stack"}]
+
+
+def test_device_plugin_overlay_reads_one_configmap() -> None:
+    objects = render(overlay="policy-only-device-plugin.yaml",
+                     set_json={"webhook.policySource.devicePlugin.defaultConfig": "ts"}).objects()
+    argv = args(objects)
+    assert option(argv, "--policy-source") == "device-plugin"
+    assert option(argv, "--plugin-configmap") == "nvidia-device-plugin/nvidia-device-plugin-configs"
+    assert option(argv, "--plugin-default-config") == "ts"
+    assert not find(objects, "ClusterRole", f"{WEBHOOK}-policy-source")
+    role = one(objects, "Role", f"{WEBHOOK}-policy-source")
+    assert role["metadata"]["namespace"] == "nvidia-device-plugin"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["nvidia-device-plugin-configs"], "verbs": ["get"]}]
+
+
+def test_validation_both_keeps_the_webhook_that_follows_the_cluster() -> None:
+    objects = render(overlay="policy-only-gpu-operator.yaml",
+                     set_json={"webhook.validation.mode": "both", "webhook.cel.assumeServed": True}).objects()
+    assert find(objects, "ValidatingAdmissionPolicy")
+    assert option(args(objects), "--policy-source") == "gpu-operator"
+
+
+def test_values_mode_reads_nothing_live() -> None:
+    objects = render().objects()
+    assert "--policy-source" not in args(objects)
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-policy-source")]
