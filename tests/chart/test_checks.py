@@ -123,8 +123,9 @@ FAIL_CASES: list[Any] = [
     # Policy only (docs/gpu-operator.md): another project runs the node agents and the policy is read live.
     pytest.param({"webhook.policySource.mode": "gpu-operator"}, "gpu-stack",
                  "gpu-stack: webhook.policySource.mode is gpu-operator, so the GPU Operator already runs the GPU node "
-                 "agents, but nfd.enabled, toolkit.enabled, devicePlugin.enabled, gfd.enabled, mpsControlDaemon.enabled, "
-                 "dcgmExporter.enabled would install this chart's as well", id="policy-only-with-agents"),
+                 "agents, but nfd.enabled, toolkit.enabled, devicePlugin.enabled, gfd.enabled, "
+                 "mpsControlDaemon.enabled, dcgmExporter.enabled would install this chart's as well",
+                 id="policy-only-with-agents"),
     pytest.param({"webhook.policySource.mode": "device-plugin", "devicePlugin.enabled": False, "nfd.enabled": False,
                   "toolkit.enabled": False, "gfd.enabled": False, "mpsControlDaemon.enabled": False,
                   "dcgmExporter.enabled": False, "webhook.validation.mode": "both", "webhook.mutation.mode": "cel",
@@ -134,8 +135,9 @@ FAIL_CASES: list[Any] = [
     pytest.param({"webhook.policySource.mode": "device-plugin", "devicePlugin.enabled": False, "nfd.enabled": False,
                   "toolkit.enabled": False, "gfd.enabled": False, "mpsControlDaemon.enabled": False,
                   "dcgmExporter.enabled": False}, "gpu-stack",
-                 "gpu-stack: webhook.policySource.mode is device-plugin, but webhook.policySource.devicePlugin.namespace "
-                 "and .configMap do not both name", id="policy-only-device-plugin-unnamed"),
+                 "gpu-stack: webhook.policySource.mode is device-plugin, but "
+                 "webhook.policySource.devicePlugin.namespace and .configMap do not both name",
+                 id="policy-only-device-plugin-unnamed"),
 ]
 
 

@@ -38,7 +38,8 @@ def test_gpu_operator_overlay_reads_the_cluster_policy() -> None:
     objects = render(overlay="policy-only-gpu-operator.yaml").objects()
     argv = args(objects)
     assert option(argv, "--policy-source") == "gpu-operator"
-    assert (option(argv, "--cluster-policy"), option(argv, "--operator-namespace")) == ("cluster-policy", "gpu-operator")
+    assert option(argv, "--cluster-policy") == "cluster-policy"
+    assert option(argv, "--operator-namespace") == "gpu-operator"
     assert option(argv, "--policy-source-interval") == "2s"
     rules = one(objects, "ClusterRole", f"{WEBHOOK}-policy-source")["rules"]
     assert rules == [{"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],

@@ -146,7 +146,8 @@ def test_cdi_off_means_nvidia_is_the_default_runtime() -> None:
     (lambda o: o["metadata"]["labels"].update({"app.kubernetes.io/version": "v27.1.0"}),
      "GPU Operator version v27.1.0 is not supported"),
     (lambda o: o["metadata"]["labels"].pop("app.kubernetes.io/version"), "no app.kubernetes.io/version label"),
-    (lambda o: o.update({"apiVersion": "nvidia.com/v2"}), "apiVersion nvidia.com/v2 kind ClusterPolicy is not supported"),
+    (lambda o: o.update({"apiVersion": "nvidia.com/v2"}),
+     "apiVersion nvidia.com/v2 kind ClusterPolicy is not supported"),
     (lambda o: o["spec"]["mig"].update({"strategy": 3}), "spec.mig.strategy is not a string"),
     (lambda o: o["spec"]["cdi"].update({"enabled": "yes"}), "spec.cdi.enabled is not a boolean"),
     (lambda o: o["spec"]["devicePlugin"].update({"enabled": False}), "devicePlugin.enabled is false"),
@@ -210,7 +211,8 @@ def test_reader_fails_closed_naming_what_is_missing() -> None:
 def test_live_policy_follows_a_configmap_and_mig_change() -> None:
     fake = FakeKube()
     fake.cluster_policies["cluster-policy"] = with_plugin_config(cluster_policy())
-    strict = TIME_SLICING.format(replicas=4).replace("  timeSlicing:\n", "  timeSlicing:\n    failRequestsGreaterThanOne: true\n")
+    strict = TIME_SLICING.format(replicas=4).replace(
+        "  timeSlicing:\n", "  timeSlicing:\n    failRequestsGreaterThanOne: true\n")
     fake.configmap_data[("gpu-operator", "time-slicing-config")] = {"any": strict}
     live = LivePolicy(None, PolicyConfig(), OperatorReader(fake, "cluster-policy", "gpu-operator"), interval=3600)
     assert [f.rule_id for f in live.current.evaluate(GPU_POD, "Pod").denials] == ["GPU004"]  # 2 of a shared GPU

@@ -86,7 +86,8 @@ def serve(args: argparse.Namespace) -> int:
         settings = load_settings()
         config_path = args.config or settings.policy_path
         policy = _load_policy(config_path)
-        if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":  # setup logs as gunicorn will: JSON lines
+        # the setup logs as gunicorn will: JSON lines
+        if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
         # self-managed TLS: Secret, caBundle and files, before binding
         prepared = cluster.prepare(args, settings.pod_namespace)

@@ -177,7 +177,8 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
         plugin_config=_string(config, "name", "spec.devicePlugin.config"),
         default_config=_string(config, "default", "spec.devicePlugin.config"),
         mig_strategy=mig,
-        device_list_strategy=None if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip()),
+        device_list_strategy=None if strategies is None else tuple(
+            s.strip() for s in strategies.split(",") if s.strip()),
         nvidia_runtime_is_default=runtime_default,
         runtime_class=_string(_section(spec, "operator"), "runtimeClass", "spec.operator") or DEFAULT_RUNTIME_CLASS,
     )
