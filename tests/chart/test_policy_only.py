@@ -65,6 +65,21 @@ def test_device_plugin_overlay_reads_one_configmap() -> None:
                               "resourceNames": ["nvidia-device-plugin-configs"], "verbs": ["get"]}]
 
 
+def test_inspect_may_read_what_the_webhook_reads() -> None:
+    subjects = [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}]
+    objects = render(overlay="policy-only-gpu-operator.yaml", set_json={"inspect.rbac.subjects": subjects}).objects()
+    rules = one(objects, "ClusterRole", "t-gpu-stack-inspect")["rules"]
+    assert {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "resourceNames": ["cluster-policy"],
+            "verbs": ["get"]} in rules
+    binding = one(objects, "RoleBinding", "t-gpu-stack-inspect-policy-source")
+    assert binding["metadata"]["namespace"] == "gpu-operator"
+    assert binding["roleRef"]["name"] == f"{WEBHOOK}-policy-source"
+    assert binding["subjects"] == subjects
+    plugin = render(overlay="policy-only-device-plugin.yaml").objects()
+    assert {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["nvidia-device-plugin-configs"],
+            "verbs": ["get"]} in one(plugin, "ClusterRole", "t-gpu-stack-inspect")["rules"]
+
+
 def test_validation_both_keeps_the_webhook_that_follows_the_cluster() -> None:
     objects = render(overlay="policy-only-gpu-operator.yaml",
                      set_json={"webhook.validation.mode": "both", "webhook.cel.assumeServed": True}).objects()

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from .e2elib import ROOT, E2ECluster, Release, Releases, unique
+from .inspect_api import inspect
 from .test_tls_selfmanaged import sa_kubeconfig
 
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu-operator-v26.7.0"
@@ -158,6 +159,14 @@ def test_refuses_a_cluster_policy_it_cannot_read(operator: OperatorCluster) -> N
         "resources[0].replicas: Input should be greater than or equal to 1 (spec)")
     # The ClusterPolicy goes away (the operator uninstalled).
     operator.cluster.kubectl("delete", "clusterpolicy", operator.name)
+    missing = (f"ClusterPolicy {operator.name} does not exist (is the GPU Operator installed, and is this the name "
+               "of its ClusterPolicy?)")
     assert operator.until(one, "does not exist").endswith(
-        f"GPU010 the GPU configuration this policy follows cannot be read: ClusterPolicy {operator.name} does not "
-        "exist (is the GPU Operator installed, and is this the name of its ClusterPolicy?) (spec)")
+        f"GPU010 the GPU configuration this policy follows cannot be read: {missing} (spec)")
+    # inspect reads what the webhook reads and says the same.
+    report = inspect("-o", "json", "--policy-source", "gpu-operator", "--cluster-policy", operator.name,
+                     "--operator-namespace", operator.operator_ns, kubeconfig=Path(operator.cluster.kubeconfig))
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["notes"] == [
+        f"GPU Operator ClusterPolicy {operator.name}: {missing}; the webhook refuses GPU pods until it can read it "
+        "(GPU010); sharing is shown as GFD labels it"]
