@@ -47,6 +47,7 @@ COMPILED = [
     "policy/rules/policy_source.py",
     "policy/rules/privileged.py",
     "policy/rules/runtime_class.py",
+    "policy/rules/runtime_class_allocation.py",
     "policy/rules/shared_requests.py",
     "policy/rules/visible_devices.py",
     "server/decision_log.py",

@@ -16,6 +16,9 @@ Upstream facts pinned here (github.com/NVIDIA/gpu-operator, tag v26.7.0, and k8s
   config is an error; the `empty` fallback selects no config file (the plugin's built-in one).
 - k8s-device-plugin v0.20.0 deployments/helm/nvidia-device-plugin/values.yaml: config.fallbackStrategies
   ["named", "single"].
+- nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer/main_test.go ("no args"): the installed config
+  says accept-nvidia-visible-devices-envvar-when-unprivileged = true; toolkit.go reads
+  ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED, which the operator does not set.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def test_default_cluster_policy_of_supported_operators(version: str) -> None:
     assert settings.device_list_strategy == ("cdi-annotations", "cdi-cri")
     assert settings.nvidia_runtime_is_default is False  # CDI: nvidia is not containerd's default runtime
     assert settings.runtime_class == "nvidia"
+    assert settings.envvar_when_unprivileged is True  # the toolkit's default, which the operator keeps
 
 
 def test_default_operator_policy_is_the_plugins_built_in_config() -> None:
@@ -128,6 +132,17 @@ def test_device_plugin_env_wins_over_the_operator() -> None:
     node = SharingIndex(config).configs[EMPTY_CONFIG]
     assert (node.mig_strategy, node.list_overrides_image_env) == ("none", False)
     assert config.nvidia_runtime_is_default is True
+
+
+def test_toolkit_env_can_refuse_the_variable() -> None:
+    obj = cluster_policy()
+    obj["spec"]["toolkit"]["env"] = [{"name": "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED",
+                                      "value": "false"}]
+    config = operator_policy(PolicyConfig(), read_cluster_policy(obj), None)
+    assert config.envvar_when_unprivileged is False
+    assert verdict(config, make_pod([container("main")], runtimeClassName="nvidia"))[0]
+    obj["spec"]["toolkit"]["enabled"] = False  # a toolkit the operator does not manage: its default assumed
+    assert read_cluster_policy(obj).envvar_when_unprivileged is True
 
 
 def test_cdi_off_means_nvidia_is_the_default_runtime() -> None:

@@ -71,6 +71,8 @@ class OperatorSettings:
     device_list_strategy: tuple[str, ...] | None
     nvidia_runtime_is_default: bool
     runtime_class: str
+    # The toolkit honours NVIDIA_VISIBLE_DEVICES from unprivileged containers.
+    envvar_when_unprivileged: bool = True
 
 
 def _section(spec: Mapping[str, Any], path: str) -> Mapping[str, Any]:
@@ -170,6 +172,11 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
         runtime_default = toolkit_env["NVIDIA_RUNTIME_SET_AS_DEFAULT"].strip().lower() in _TRUE
     else:
         runtime_default = not (cdi and _flag(toolkit, "enabled", "spec.toolkit", True))
+    # nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer: true unless the toolkit's environment says
+    # otherwise (the operator sets nothing); a toolkit the operator does not manage is not known: true.
+    envvar = toolkit_env.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED", "true").lower() in _TRUE
+    if not _flag(toolkit, "enabled", "spec.toolkit", True):
+        envvar = True
     status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
     assert isinstance(status, Mapping)
     return OperatorSettings(
@@ -181,6 +188,7 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
             s.strip() for s in strategies.split(",") if s.strip()),
         nvidia_runtime_is_default=runtime_default,
         runtime_class=_string(_section(spec, "operator"), "runtimeClass", "spec.operator") or DEFAULT_RUNTIME_CLASS,
+        envvar_when_unprivileged=envvar,
     )
 
 
@@ -246,7 +254,8 @@ def operator_policy(base: PolicyConfig, settings: OperatorSettings, data: Mappin
     configs = {n: _with_flags(c, settings.mig_strategy, settings.device_list_strategy) for n, c in files.items()}
     runtime_classes = list(dict.fromkeys([*base.gpu_runtime_class_names, settings.runtime_class]))
     return _policy(base, where, configs, default, nvidiaRuntimeIsDefault=settings.nvidia_runtime_is_default,
-                   injectRuntimeClassName="", gpuRuntimeClassNames=runtime_classes)
+                   injectRuntimeClassName="", gpuRuntimeClassNames=runtime_classes,
+                   envvarWhenUnprivileged=settings.envvar_when_unprivileged)
 
 
 def device_plugin_policy(base: PolicyConfig, where: str, data: Mapping[str, str] | None,
@@ -267,7 +276,8 @@ def device_plugin_policy(base: PolicyConfig, where: str, data: Mapping[str, str]
     else:
         raise SourceError(f"{where} has several configs and none named default: set the default config "
                           f"(the device plugin chart's config.default)")
-    return _policy(base, where, files, default)
+    # The device-plugin chart does not manage the toolkit: its default (accepts the variable) is assumed.
+    return _policy(base, where, files, default, envvarWhenUnprivileged=True)
 
 
 def unavailable_policy(base: PolicyConfig, message: str) -> PolicyConfig:
