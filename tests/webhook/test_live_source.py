@@ -24,6 +24,7 @@ Upstream facts pinned here (github.com/NVIDIA/gpu-operator, tag v26.7.0, and k8s
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,38 @@ def test_cdi_off_means_nvidia_is_the_default_runtime() -> None:
     obj["spec"]["cdi"]["enabled"] = False
     settings = read_cluster_policy(obj)
     assert (settings.nvidia_runtime_is_default, settings.device_list_strategy) == (True, None)
+
+
+# --- the verdict table of docs/gpu-operator.md ----------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "gpu-operator.md"
+VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+PRIVILEGED = {"securityContext": {"privileged": True}}
+DOC_CASES = {
+    "runtime-class-cuda-image": make_pod([container("main")], runtimeClassName="nvidia"),
+    "runtime-class-env": make_pod([container("main", env=[VISIBLE])], runtimeClassName="nvidia"),
+    "cuda-sidecar": make_pod([container("main", gpu=1), container("side")], runtimeClassName="nvidia"),
+    "env-without-runtime-class": make_pod([container("main", env=[VISIBLE])]),
+    "cdi-annotation": make_pod([container("main")], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+    "privileged-sidecar": make_pod([container("main", gpu=1), {**container("side"), **PRIVILEGED}]),
+    "privileged-no-gpu": make_pod([{**container("main"), **PRIVILEGED}]),
+    "mig-under-single": make_pod([container("main", requests={"nvidia.com/mig-1g.5gb": 1},
+                                            limits={"nvidia.com/mig-1g.5gb": 1})]),
+    "one-gpu": make_pod([container("main", gpu=1)]),
+}
+
+
+def test_the_docs_verdict_table_is_what_the_webhook_answers() -> None:
+    config = operator_policy(PolicyConfig(), read_cluster_policy(cluster_policy()), None)
+    documented = {case: line for case, line in (
+        (row.split(" | ")[0].strip("| `"), row.split(" | ")[-1].strip(" |"))
+        for row in DOC.read_text().splitlines() if row.startswith("| `"))}
+    assert set(documented) == set(DOC_CASES)
+    for case, pod in DOC_CASES.items():
+        allowed, message = verdict(config, pod)
+        rules = sorted(set(re.findall(r"GPU0\d\d", message)))
+        said = "allowed" if allowed else "denied: " + ", ".join(rules)
+        assert documented[case].startswith(said), (case, said, message)
 
 
 # --- refusing to guess ---------------------------------------------------------------------------------

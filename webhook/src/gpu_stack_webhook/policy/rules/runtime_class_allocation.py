@@ -1,4 +1,4 @@
-"""GPU011 gpu-runtime-needs-own-gpu: under a GPU runtime class every container has a GPU of its own (see when).
+"""GPU011 gpu-runtime-needs-own-gpu: under a GPU runtime class every container has its own GPU (image env picks GPUs).
 
 Why (nvidia-container-toolkit v1.20.0: cmd/nvidia-ctk-installer/main_test.go "no args" writes
 accept-nvidia-visible-devices-envvar-when-unprivileged = true, cmd/nvidia-ctk-installer/toolkit/toolkit.go
