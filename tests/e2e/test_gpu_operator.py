@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.live import operator_policy, read_cluster_policy
 
 from .e2elib import ROOT, E2ECluster, Release, Releases, unique
+from .fleet import MPS_TAINT, ChartSharing, Fleet, NodeSpec, delete_pods, wait_scheduled
 from .inspect_api import inspect
 from .test_tls_selfmanaged import sa_kubeconfig
 
@@ -170,3 +173,36 @@ def test_refuses_a_cluster_policy_it_cannot_read(operator: OperatorCluster) -> N
     assert json.loads(report.stdout)["notes"] == [
         f"GPU Operator ClusterPolicy {operator.name}: {missing}; the webhook refuses GPU pods until it can read it "
         "(GPU010); sharing is shown as GFD labels it"]
+
+
+def test_nodes_labelled_as_the_operators_gfd_labels_them_get_the_promised_placement(
+        operator: OperatorCluster) -> None:
+    """Nodes published as the operator's device plugin and GFD would for its ConfigMap (fleet.py, from the
+    configs the webhook derives: the operator's MIG strategy applied); the operator does not taint MPS nodes
+    (docs/gpu-operator.md, MPS): an MPS pod that opts in is sent there by the selector GPU006 adds."""
+    mps = TIME_SLICING.replace("timeSlicing", "mps").format(replicas=4)
+    data = {"any": TIME_SLICING.format(replicas=4), "mps": mps}
+    operator.apply_configmap(data)
+    # mig.strategy none: the fleet does not model sharing beside a MIG strategy (T4s have no MIG anyway)
+    operator.apply_policy(lambda p: p["spec"]["mig"].update({"strategy": "none"}))
+    operator.serve()
+    derived = operator_policy(PolicyConfig(), read_cluster_policy(operator.policy), data)
+    sharing = ChartSharing(configs={n: c.model_dump(by_alias=True, mode="json", exclude_none=True)
+                                    for n, c in derived.sharing.configs.items()},
+                           default_config=derived.sharing.default_config,
+                           config_label=derived.sharing.node_config_label)
+    shared, mps_node = unique("ts"), unique("mps")
+    specs = [NodeSpec(shared, gpus=1), NodeSpec(mps_node, gpus=1, config="mps", taint_mps=False)]
+    with Fleet(operator.cluster, sharing, specs) as fleet:
+        assert next(n for n in fleet if n.name == mps_node).labels["nvidia.com/mps.capable"] == "true"
+        assert MPS_TAINT["key"] not in [t["key"] for n in fleet for t in n.taints]
+        pod = json.loads(gpu_pod("mps-pod"))
+        pod["metadata"]["annotations"] = {"gpu-stack.io/mps": "true"}
+        pod["spec"]["tolerations"] = [fleet.toleration]
+        admitted = json.loads(operator.cluster.kubectl("create", "-n", operator.workloads, "-o", "json", "-f", "-",
+                                                       input=json.dumps(pod)).stdout)
+        assert admitted["spec"]["hostIPC"] is True
+        assert admitted["spec"]["nodeSelector"] == {"nvidia.com/mps.capable": "true"}
+        status, message, node = wait_scheduled(operator.cluster, operator.workloads, "mps-pod")
+        assert (status, node) == ("True", mps_node), message
+        delete_pods(operator.cluster, operator.workloads)
