@@ -7,6 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
+from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.engine import Policy
+from gpu_stack_webhook.policy.live import device_plugin_policy
 
 from .chartlib import find, one, render
 
@@ -85,6 +89,20 @@ def test_validation_both_keeps_the_webhook_that_follows_the_cluster() -> None:
                      set_json={"webhook.validation.mode": "both", "webhook.cel.assumeServed": True}).objects()
     assert find(objects, "ValidatingAdmissionPolicy")
     assert option(args(objects), "--policy-source") == "gpu-operator"
+
+
+def test_device_plugin_overlay_judges_every_pod_as_under_the_nvidia_runtime() -> None:
+    """The device-plugin chart runs beside a toolkit it does not manage, made the default runtime as that
+    chart's README asks: the overlay's policy file says so, and the live configs keep it."""
+    policy = next(yaml.safe_load(cm["data"]["policy.yaml"]) for cm in find(
+        render(overlay="policy-only-device-plugin.yaml").objects(), "ConfigMap") if "policy.yaml" in cm["data"])
+    base = parse_config(policy)
+    config = device_plugin_policy(base, "ConfigMap nvidia-device-plugin/configs", {"default": "version: v1\n"})
+    assert (config.nvidia_runtime_is_default, config.envvar_when_unprivileged) == (True, True)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "image": "cuda",
+                                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    assert [f.rule_id for f in Policy(config).evaluate(pod, "Pod").denials] == ["GPU002"]
 
 
 def test_values_mode_reads_nothing_live() -> None:
