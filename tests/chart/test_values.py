@@ -38,6 +38,7 @@ PEM_2 = "-----BEGIN CERTIFICATE-----\nQkJCQg==\n-----END CERTIFICATE-----"
 _NO_AGENTS = {k: {"enabled": False} for k in ("nfd", "toolkit", "devicePlugin", "gfd", "mpsControlDaemon",
                                                "dcgmExporter")}
 CONTEXTS: dict[str, dict[str, Any]] = {
+    "monitoring.agents": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "webhook.policySource.interval": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
     "webhook.policySource.gpuOperator": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
     "webhook.policySource.devicePlugin": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "device-plugin",
