@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hack.monitoring.placeholders import (
+    AGENTS_NAMESPACE,
     DCGM_JOB,
     DEVICE_PLUGIN_DAEMONSET,
     NAMESPACE,
@@ -25,7 +26,7 @@ from hack.monitoring.placeholders import (
 # label of the API server's admission webhook metrics.
 WEBHOOK_NAMES = 'name=~"validate.gpu-stack.io|mutate.gpu-stack.io"'
 WEBHOOK_TARGET = f'job="{WEBHOOK_JOB}", namespace="{NAMESPACE}"'
-DCGM_TARGET = f'job="{DCGM_JOB}", namespace="{NAMESPACE}"'
+DCGM_TARGET = f'job="{DCGM_JOB}", namespace="{AGENTS_NAMESPACE}"'
 # Extended resources of NVIDIA GPUs as kube-state-metrics names them: nvidia.com/gpu, nvidia.com/gpu.shared,
 # nvidia.com/mig-1g.10gb -> nvidia_com_gpu, nvidia_com_gpu_shared, nvidia_com_mig_1g_10gb.
 GPU_RESOURCES = 'resource=~"nvidia_com_gpu.*|nvidia_com_mig_.*"'
@@ -176,7 +177,7 @@ GPU = Group("gpu-stack-gpus", (
     Alert(
         "GPUStackNodeAdvertisesNoGPUs",
         "count by (node) (kube_pod_info"
-        f'{{namespace="{NAMESPACE}", created_by_kind="DaemonSet", created_by_name="{DEVICE_PLUGIN_DAEMONSET}", '
+        f'{{namespace="{AGENTS_NAMESPACE}", created_by_kind="DaemonSet", created_by_name="{DEVICE_PLUGIN_DAEMONSET}", '
         'node!=""} * on (namespace, pod) group_left () (kube_pod_status_phase{phase="Running"} == 1)) '
         f"unless on (node) (max by (node) (kube_node_status_capacity{{{GPU_RESOURCES}}}) > 0)",
         "15m", "warning",

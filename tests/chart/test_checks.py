@@ -145,6 +145,24 @@ FAIL_CASES: list[Any] = [
     pytest.param({"toolkit.runtimeClass.name": "nvidia-cdi"}, "gpu-stack",
                  'gpu-stack: gpuNodes.runtimeClassName is "nvidia", but the chart does not create that RuntimeClass '
                  '(the toolkit\'s RuntimeClass is "nvidia-cdi")', id="runtime-class-name-mismatch"),
+    # Policy only (docs/gpu-operator.md): another project runs the node agents and the policy is read live.
+    pytest.param({"webhook.policySource.mode": "gpu-operator"}, "gpu-stack",
+                 "gpu-stack: webhook.policySource.mode is gpu-operator, so the GPU Operator already runs the GPU node "
+                 "agents, but nfd.enabled, toolkit.enabled, devicePlugin.enabled, gfd.enabled, "
+                 "mpsControlDaemon.enabled, dcgmExporter.enabled would install this chart's as well",
+                 id="policy-only-with-agents"),
+    pytest.param({"webhook.policySource.mode": "device-plugin", "devicePlugin.enabled": False, "nfd.enabled": False,
+                  "toolkit.enabled": False, "gfd.enabled": False, "mpsControlDaemon.enabled": False,
+                  "dcgmExporter.enabled": False, "webhook.validation.mode": "both", "webhook.mutation.mode": "cel",
+                  "webhook.cel.assumeServed": True}, "gpu-stack",
+                 "gpu-stack: webhook.policySource.mode is device-plugin, which the webhook reads live, but "
+                 "webhook.validation.mode is both and webhook.mutation.mode cel", id="policy-only-cel-mutation"),
+    pytest.param({"webhook.policySource.mode": "device-plugin", "devicePlugin.enabled": False, "nfd.enabled": False,
+                  "toolkit.enabled": False, "gfd.enabled": False, "mpsControlDaemon.enabled": False,
+                  "dcgmExporter.enabled": False}, "gpu-stack",
+                 "gpu-stack: webhook.policySource.mode is device-plugin, but "
+                 "webhook.policySource.devicePlugin.namespace and .configMap do not both name",
+                 id="policy-only-device-plugin-unnamed"),
 ]
 
 

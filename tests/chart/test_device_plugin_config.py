@@ -194,6 +194,9 @@ def _device_plugin_configs(overlay: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("overlay", overlays())
 def test_rendered_device_plugin_configs_match_upstream_schema(overlay: str) -> None:
+    if overlay.startswith("policy-only-"):  # another project's device plugin, read live by the webhook
+        assert find(render(3, overlay).objects(), "ConfigMap", f"{FULLNAME}-device-plugin-configs") == []
+        return
     configs = _device_plugin_configs(overlay)
     assert configs
     problems = [p for name, config in configs.items() for p in config_problems(config, name)]

@@ -131,6 +131,9 @@ def test_config_manager_signals_a_process_of_its_pod(overlay: str) -> None:
             assert e["PROCESS_TO_SIGNAL"] in argv0, (o["metadata"]["name"], e["PROCESS_TO_SIGNAL"], argv0)
             assert spec.get("shareProcessNamespace") or spec.get("hostPID"), o["metadata"]["name"]
             checked += 1
+    if overlay.startswith("policy-only-"):  # another project's agents run the GPU nodes
+        assert not [o for o in objs(overlay) if o["kind"] == "DaemonSet"], f"{overlay} installs node agents"
+        return
     assert checked >= 2
 
 

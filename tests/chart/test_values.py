@@ -35,7 +35,14 @@ PEM_2 = "-----BEGIN CERTIFICATE-----\nQkJCQg==\n-----END CERTIFICATE-----"
 
 # Values that only matter when another value is set: their check renders on top of this context
 # (matched by path prefix, longest last).
+_NO_AGENTS = {k: {"enabled": False} for k in ("nfd", "toolkit", "devicePlugin", "gfd", "mpsControlDaemon",
+                                               "dcgmExporter")}
 CONTEXTS: dict[str, dict[str, Any]] = {
+    "monitoring.agents": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "webhook.policySource.interval": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
+    "webhook.policySource.gpuOperator": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
+    "webhook.policySource.devicePlugin": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "device-plugin",
+        "devicePlugin": {"namespace": "plugins", "configMap": "configs"}}}},
     "webhook.tls.caBundle": {"webhook": {"tls": {"mode": "secret", "caBundle": PEM_1}}},
     "certManager": {"webhook": {"tls": {"mode": "cert-manager"}}},
     "migManager": {"migManager": {"enabled": True}, "sharing": {"configs": {"default": {"migStrategy": "single"}}}},
@@ -74,6 +81,7 @@ EXAMPLES: dict[str, Any] = {
     "dra.featureGates": {"MPSSupport": True},
     # "" follows failurePolicy (Fail: deny), so "deny" alone changes nothing
     "webhook.policy.dra.unresolvedClaims": "warn",
+    "webhook.policySource.interval": "5s",
 }
 
 

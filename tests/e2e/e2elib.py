@@ -41,6 +41,10 @@ WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration
 # so a name no registry answers (.invalid, RFC 2606) is enough. On an existing cluster its pods stay in
 # ErrImagePull; the e2e tests call `gpu-stack-webhook serve` on loopback (LiveWebhook) instead.
 FAKE_WEBHOOK_IMAGE = "registry.invalid/gpu-stack-webhook"
+# The policy-only overlays (docs/gpu-operator.md) give the webhook a Role in the GPU Operator's or the device
+# plugin's namespace, which must exist: an install of one without that value set gets a fresh namespace.
+POLICY_ONLY_NAMESPACE = {"policy-only-gpu-operator.yaml": "webhook.policySource.gpuOperator.namespace",
+                         "policy-only-device-plugin.yaml": "webhook.policySource.devicePlugin.namespace"}
 
 
 def overlays() -> list[str]:
@@ -136,6 +140,8 @@ class Release:
     namespace: str
     helm_major: int = 4
     webhook_image: str | None = None  # webhook.image.repository passed on install and on every upgrade
+    # --set-json values passed on install and on every upgrade (the policy-only overlays' namespace)
+    values: tuple[tuple[str, Any], ...] = ()
 
     @property
     def fullname(self) -> str:
@@ -174,13 +180,18 @@ class Releases:
         """The release's webhook image first: a webhook.image.repository in `set_json` wins (values files
         and `extra` do not: --set-json outranks them; pass webhook_image=None to leave it out)."""
         image = {"webhook.image.repository": release.webhook_image} if release.webhook_image else {}
-        return {**image, **(set_json or {})}
+        return {**image, **dict(release.values), **(set_json or {})}
 
     def install(self, overlay: str | None = None, *, name: str = "gpu-stack", namespace: str | None = None,
                 helm_major: int = 4, values: Iterable[str] = (), set_json: Mapping[str, Any] | None = None,
                 extra: Sequence[str] = (), check: bool = True,
                 webhook_image: str | None = FAKE_WEBHOOK_IMAGE) -> tuple[Release, subprocess.CompletedProcess[str]]:
-        release = Release(name, namespace or unique("gpu-stack"), helm_major, webhook_image)
+        remembered: tuple[tuple[str, Any], ...] = ()
+        key = POLICY_ONLY_NAMESPACE.get(overlay or "")
+        if key and key not in (set_json or {}):
+            remembered = ((key, self.cluster.create_namespace()),)
+            self.namespaces.append(remembered[0][1])
+        release = Release(name, namespace or unique("gpu-stack"), helm_major, webhook_image, remembered)
         self.namespaces.append(release.namespace)
         # Recorded before helm runs: a failed install leaves a release record and cluster-scoped objects
         # (ClusterRoles, policies) that only `helm uninstall` removes, not the namespace's deletion.

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .e2elib import E2ECluster, Release, Releases, overlays, unique
+from .e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Release, Releases, overlays, unique
 
 CRDS = Path(__file__).parent / "crds"
 NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io")
@@ -67,11 +67,14 @@ def webhook_timeouts(cluster: E2ECluster, release: Release) -> dict[str, int]:
 
 
 def present(cluster: E2ECluster, release: Release, objects: list[tuple[str, str, str]]) -> list[str]:
-    """Which of the manifest's objects exist (one kubectl call: -n is ignored for cluster-scoped kinds)."""
-    assert {namespace for _, namespace, _ in objects} <= {"", release.namespace}
-    got = cluster.kubectl("get", "-n", release.namespace, *(f"{kind}/{name}" for kind, _, name in objects),
-                          "--ignore-not-found", "-o", "name").stdout
-    return sorted(got.split())
+    """Which of the manifest's objects exist (one kubectl call per namespace: -n is ignored for cluster-scoped
+    kinds; the policy-only overlays' policy-source Role is in the operator's namespace)."""
+    assert {namespace for _, namespace, _ in objects} <= {"", release.namespace, *(v for _, v in release.values)}
+    got: list[str] = []
+    for where in sorted({namespace or release.namespace for _, namespace, _ in objects}):
+        names = [f"{kind}/{name}" for kind, namespace, name in objects if (namespace or release.namespace) == where]
+        got += cluster.kubectl("get", "-n", where, *names, "--ignore-not-found", "-o", "name").stdout.split()
+    return sorted(got)
 
 
 def assert_nothing_left(cluster: E2ECluster, release: Release, objects: list[tuple[str, str, str]]) -> None:
@@ -104,7 +107,9 @@ def lifecycle(cluster: E2ECluster, releases: Releases, overlay: str, helm_major:
     objects = manifest_objects(cluster, release)
     assert len(present(cluster, release, objects)) == len(objects)  # every object of the manifest is there
     kinds = {kind for kind, _, _ in objects}
-    assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "DaemonSet"} <= kinds
+    assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
+    # policy only: another project's agents run the GPU nodes (docs/gpu-operator.md)
+    assert ("DaemonSet" in kinds) is (overlay not in POLICY_ONLY_NAMESPACE)
     assert set(webhook_timeouts(cluster, release).values()) == {10}
 
     releases.upgrade(release, overlay, set_json={"webhook.timeoutSeconds": 7})

@@ -110,6 +110,15 @@ def test_placeholders_take_the_release_and_values() -> None:
         "https://example.com/rb/GPUStackGPUTemperatureHigh.md")
 
 
+def test_policy_only_alerts_watch_the_gpu_operators_agents() -> None:
+    objects = render(3, "policy-only-gpu-operator.yaml", {"monitoring.prometheusRule.enabled": True}).objects()
+    by_name = {rule["alert"]: rule for rule in _rules(one(objects, "PrometheusRule", "t-gpu-stack-alerts")["spec"])}
+    assert 'job="t-gpu-stack-webhook", namespace="gpu-stack"' in by_name["GPUStackWebhookDown"]["expr"]
+    assert 'job="nvidia-dcgm-exporter", namespace="gpu-operator"' in by_name["GPUStackDCGMExporterDown"]["expr"]
+    assert ('namespace="gpu-operator", created_by_kind="DaemonSet", created_by_name="nvidia-device-plugin-daemonset"'
+            in by_name["GPUStackNodeAdvertisesNoGPUs"]["expr"])
+
+
 @pytest.mark.parametrize(("enabled", "served", "expected"), [
     ("auto", False, False), ("auto", True, True), (True, False, True), (False, True, False)])
 def test_rule_renders_when_served_or_forced(enabled: object, served: bool, expected: bool) -> None:

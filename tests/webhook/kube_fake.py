@@ -49,6 +49,9 @@ class FakeKube:
         # (namespace, name) -> object, for ResourceClaims and ResourceClaimTemplates
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.claim_templates: dict[tuple[str, str], dict[str, Any]] = {}
+        # The GPU Operator's ClusterPolicies by name, and ConfigMap data (device plugin configs)
+        self.cluster_policies: dict[str, dict[str, Any]] = {}
+        self.configmap_data: dict[tuple[str, str], dict[str, str]] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.unreachable = False
         # method name -> errors raised by its next calls (in order)
@@ -153,6 +156,17 @@ class FakeKube:
         with self.lock:
             self._enter("read_configmap", namespace, name)
             return self.configmaps.get((namespace, name))
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        with self.lock:
+            self._enter("read_configmap_data", namespace, name)
+            data = self.configmap_data.get((namespace, name))
+            return None if data is None else dict(data)
+
+    def read_cluster_policy(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            self._enter("read_cluster_policy", name)
+            return self.cluster_policies.get(name)
 
 
 def standard_fake(namespace: str = "gpu-stack", mutating: str = "gpu-stack-webhook",

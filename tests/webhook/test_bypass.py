@@ -46,7 +46,10 @@ VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MIG = "nvidia.com/mig-1g.5gb"
 CONFIGS = {"default": config_default, "time-slicing": config_time_slicing, "mps": config_mps,
            "mig-none": lambda: config_mig("none"),
-           "vgpu": lambda: config_default(gpuResources={"names": ["nvidia.com/gpu", "nvidia.com/vgpu"]})}
+           "vgpu": lambda: config_default(gpuResources={"names": ["nvidia.com/gpu", "nvidia.com/vgpu"]}),
+           "source-unreadable": lambda: config_default(sourceError="ClusterPolicy cluster-policy does not exist"),
+           # the GPU Operator's toolkit: NVIDIA_VISIBLE_DEVICES honoured from unprivileged containers
+           "envvar-accepted": lambda: config_default(envvarWhenUnprivileged=True, nvidiaRuntimeIsDefault=False)}
 
 
 @cache
@@ -202,6 +205,35 @@ CASES: dict[str, Attack] = {
     # ---- GPU008: GPU pods get the NVIDIA runtime class when configured -------------------------------------
     # Not configured (nvidia is the nodes' default runtime): nothing is injected, the pod is allowed.
     "gpu008-no-injection-by-default": Attack(CLEAN_GPU_POD, endpoint="mutate", allowed=True),
+
+    # ---- GPU010: the live GPU configuration (GPU Operator, device plugin chart) cannot be read --------------
+    # Any way of being a GPU pod is denied while the policy cannot know what the nodes expose.
+    "gpu010-gpu-pod": Attack(CLEAN_GPU_POD, rule="GPU010", config="source-unreadable"),
+    "gpu010-runtime-class-only": Attack(make_pod([container("main")], runtimeClassName="nvidia"), rule="GPU010",
+                                        config="source-unreadable"),
+    "gpu010-gpu-in-init-container": Attack(make_pod([container("main")], init=[container("i", gpu=1)]),
+                                           rule="GPU010", config="source-unreadable"),
+    # A pod without GPUs is not held up.
+    "gpu010-cpu-pod-allowed": Attack(make_pod([container("main")]), allowed=True, config="source-unreadable"),
+
+    # ---- GPU011: under the NVIDIA runtime class, a container without a GPU gets the ones its image names ----
+    # (k8s-device-plugin #1605: every CUDA image sets NVIDIA_VISIBLE_DEVICES=all, invisible in the pod spec)
+    "gpu011-runtime-class-no-request": Attack(make_pod([container("main")], runtimeClassName="nvidia"),
+                                              rule="GPU011", config="envvar-accepted"),
+    "gpu011-cuda-sidecar-beside-a-gpu": Attack(
+        make_pod([container("main", gpu=1), container("side")], runtimeClassName="nvidia"), rule="GPU011",
+        config="envvar-accepted"),
+    "gpu011-init-container-without-gpu": Attack(
+        make_pod([container("main", gpu=1)], init=[container("setup")], runtimeClassName="nvidia"), rule="GPU011",
+        config="envvar-accepted"),
+    "gpu011-debug-container": ephemeral_update(
+        {**CLEAN_GPU_POD, "spec": {**CLEAN_GPU_POD["spec"], "runtimeClassName": "nvidia"}}, debug(container("x")),
+        rule="GPU011", config="envvar-accepted"),
+    # Every container with its own GPU, or no NVIDIA runtime class at all (CDI gives the GPUs): allowed.
+    "gpu011-every-container-has-a-gpu": Attack(make_pod([container("main", gpu=1)], runtimeClassName="nvidia"),
+                                               allowed=True, config="envvar-accepted"),
+    "gpu011-cdi-without-runtime-class": Attack(make_pod([container("main", gpu=1), container("side")]),
+                                               allowed=True, config="envvar-accepted"),
 
     # ---- GPU004: shared GPUs, one replica per container --------------------------------------------------
     "gpu004-two-shared-gpus": Attack(make_pod([container("main", gpu=2)]), rule="GPU004", config="time-slicing"),

@@ -12,7 +12,13 @@ The generated monitoring files (files/monitoring/, `python -m hack.monitoring`) 
 {{- $text = $text | replace "__GPU_STACK_NAMESPACE__" $root.Release.Namespace }}
 {{- $text = $text | replace "__GPU_STACK_WEBHOOK_JOB__" $webhookJob }}
 {{- $text = $text | replace "__GPU_STACK_DCGM_JOB__" $dcgmJob }}
-{{- $text = $text | replace "__GPU_STACK_DEVICE_PLUGIN_DAEMONSET__" (include "gpu-stack.componentName" (dict "root" $root "component" "device-plugin")) }}
+{{- $agents := $root.Values.monitoring.agents }}
+{{- $operator := eq $root.Values.webhook.policySource.mode "gpu-operator" }}
+{{- /* GPU Operator v26.7.0 assets/state-device-plugin/0500_daemonset.yaml: nvidia-device-plugin-daemonset */ -}}
+{{- $agentsNamespace := $agents.namespace | default (ternary $root.Values.webhook.policySource.gpuOperator.namespace $root.Release.Namespace $operator) }}
+{{- $pluginDaemonSet := $agents.devicePluginDaemonSet | default (ternary "nvidia-device-plugin-daemonset" (include "gpu-stack.componentName" (dict "root" $root "component" "device-plugin")) $operator) }}
+{{- $text = $text | replace "__GPU_STACK_AGENTS_NAMESPACE__" $agentsNamespace }}
+{{- $text = $text | replace "__GPU_STACK_DEVICE_PLUGIN_DAEMONSET__" $pluginDaemonSet }}
 {{- $text = $text | replace "__GPU_STACK_WEBHOOK_LATENCY_SECONDS__" (toString (mulf $root.Values.webhook.timeoutSeconds $rule.webhookLatencyRatio)) }}
 {{- $text = $text | replace "__GPU_STACK_RUNBOOK_BASE__" (trimSuffix "/" $rule.runbookBaseURL) }}
 {{- $text }}

@@ -16,7 +16,10 @@ from gpu_stack_webhook.inspect import model as inspect_model
 from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.kube import inspect as inspect_kube
-from gpu_stack_webhook.policy.config import ConfigError
+from gpu_stack_webhook.kube.client import KubernetesClientApi
+from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader
+from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
+from gpu_stack_webhook.policy.sharing import SharingIndex
 from gpu_stack_webhook.settings import load_terminal_settings
 
 PLUGIN_PROG = "kubectl gpu-stack"
@@ -50,6 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dashboards-namespace", metavar="NAMESPACE",
                         help="where the chart's Grafana dashboards are (monitoring.dashboards.namespace; "
                              "default: --configmap-namespace)")
+    parser.add_argument("--policy-source", choices=("chart", "gpu-operator", "device-plugin"), default="chart",
+                        help="where the sharing configs come from, as for the webhook (webhook.policySource): "
+                             "chart (--configmap), gpu-operator (the ClusterPolicy and the ConfigMap it names) "
+                             "or device-plugin (--plugin-configmap); default %(default)s")
+    parser.add_argument("--cluster-policy", default="cluster-policy",
+                        help="gpu-operator: the ClusterPolicy's name (default %(default)s)")
+    parser.add_argument("--operator-namespace", default="gpu-operator",
+                        help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
+                             "(default %(default)s)")
+    parser.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
+                        help="device-plugin: the chart's config ConfigMap")
+    parser.add_argument("--plugin-default-config", default="",
+                        help="device-plugin: the chart's config.default")
     parser.add_argument("--chunk-size", type=_positive, default=inspect_kube.DEFAULT_CHUNK_SIZE,
                         help="objects per list request (default %(default)s)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -62,7 +78,8 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
     """`api`: an already configured kubernetes ApiClient (tests); else the user's kubeconfig."""
     query = inspect_kube.Query(nodes=tuple(args.node), node_selector=args.selector, namespace=args.namespace,
                                configmap_namespace=args.configmap_namespace, configmap_name=args.configmap,
-                               dashboards_namespace=args.dashboards_namespace, chunk_size=args.chunk_size)
+                               dashboards_namespace=args.dashboards_namespace, chunk_size=args.chunk_size,
+                               chart_configmap=args.policy_source == "chart")
     try:
         api = api or inspect_kube.api_client(args.kubeconfig, args.context)
         snapshot = inspect_kube.fetch(api, query)
@@ -71,7 +88,10 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
         return EXIT_FAILED
     notes = list(snapshot.notes)
     sharing = None
-    if snapshot.configs is not None:
+    if args.policy_source != "chart":
+        sharing, note = live_sharing(args, api)
+        notes += [note] if note else []
+    elif snapshot.configs is not None:
         try:
             sharing = inspect_model.sharing_from_configmap(snapshot.configs, snapshot.default_config)
         except ConfigError as exc:
@@ -89,6 +109,23 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
         print(f"read {len(snapshot.nodes)} nodes and {len(snapshot.pods)} pods in {snapshot.requests} requests, "
               f"{snapshot.seconds:.2f} s", file=sys.stderr)
     return EXIT_OK
+
+
+def live_sharing(args: argparse.Namespace, api: Any) -> tuple[SharingIndex | None, str]:
+    """The sharing configs the webhook follows with --policy-source (the same reader, the same message
+    when they cannot be read: the webhook then refuses GPU pods, GPU010)."""
+    reads = KubernetesClientApi(api, inspect_kube.DEFAULT_TIMEOUT)
+    if args.policy_source == "gpu-operator":
+        reader: OperatorReader | DevicePluginReader = OperatorReader(reads, args.cluster_policy,
+                                                                     args.operator_namespace)
+    else:
+        namespace, _, name = (args.plugin_configmap or "").partition("/")
+        reader = DevicePluginReader(reads, namespace, name, args.plugin_default_config)
+    config = reader(PolicyConfig())
+    if config.source_error:
+        return None, (f"{reader.describe()}: {config.source_error}; the webhook refuses GPU pods until it can "
+                      "read it (GPU010); sharing is shown as GFD labels it")
+    return SharingIndex(config), ""
 
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:

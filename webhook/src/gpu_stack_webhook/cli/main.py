@@ -86,7 +86,8 @@ def serve(args: argparse.Namespace) -> int:
         settings = load_settings()
         config_path = args.config or settings.policy_path
         policy = _load_policy(config_path)
-        if args.tls_mode != "files" or args.cluster_lookups:  # the setup logs as gunicorn will: JSON lines
+        # the setup logs as gunicorn will: JSON lines
+        if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
         # self-managed TLS: Secret, caBundle and files, before binding
         prepared = cluster.prepare(args, settings.pod_namespace)
@@ -101,7 +102,8 @@ def serve(args: argparse.Namespace) -> int:
     # /metrics aggregates what every gunicorn worker writes to this directory.
     settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})
     try:
-        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=prepared.facts, settings=settings)
+        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=prepared.facts, settings=settings,
+                               live=prepared.live, live_interval=args.policy_source_interval.total_seconds())
         if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
             app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
 

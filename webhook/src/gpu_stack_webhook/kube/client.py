@@ -194,6 +194,14 @@ class KubeApi(Protocol):
         """The resource.k8s.io/v1 ResourceClaim, None when it does not exist."""
         ...
 
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's data (the device plugin's config files), None when it does not exist."""
+        ...
+
+    def read_cluster_policy(self, name: str) -> dict[str, Any] | None:
+        """The GPU Operator's ClusterPolicy (nvidia.com/v1, cluster-scoped), None when it does not exist."""
+        ...
+
     def read_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The resource.k8s.io/v1 ResourceClaimTemplate, None when it does not exist."""
         ...
@@ -252,6 +260,7 @@ class KubernetesClientApi:
         self.core = client.CoreV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
     def from_environment(
@@ -353,3 +362,11 @@ class KubernetesClientApi:
         if body is None:
             return None
         return frozenset(body.get("data") or {}) | frozenset(body.get("binaryData") or {})
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        body = self._call(self.core.read_namespaced_config_map, name, namespace)
+        return None if body is None else {str(k): str(v) for k, v in (body.get("data") or {}).items()}
+
+    def read_cluster_policy(self, name: str) -> dict[str, Any] | None:
+        body = self._call(self.custom.get_cluster_custom_object, "nvidia.com", "v1", "clusterpolicies", name)
+        return body if isinstance(body, dict) else None

@@ -75,6 +75,8 @@ class Query:
     configmap_name: str = "gpu-stack-device-plugin-configs"
     dashboards_namespace: str | None = None  # None: configmap_namespace
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    # Read the chart's device plugin ConfigMap (not with --policy-source: the configs are another project's)
+    chart_configmap: bool = True
 
     @property
     def dashboards_in(self) -> str:
@@ -265,7 +267,7 @@ def fetch(api: Any, query: Query) -> Snapshot:
     reader = Reader(api)
     nodes = reader.nodes(query)
     pods = reader.pods(query, [n["metadata"]["name"] for n in nodes]) if nodes else []
-    configs, default, notes = reader.configmap(query)
+    configs, default, notes = reader.configmap(query) if query.chart_configmap else (None, None, [])
     slices, claims, dra_notes = reader.dra(query) if nodes else ([], [], [])
     dashboards, dashboard_notes = reader.dashboards(query)
     return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default,

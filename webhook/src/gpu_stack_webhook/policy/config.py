@@ -222,6 +222,13 @@ class PolicyConfig(_Strict):
     nvidia_runtime_is_default: bool = Field(True, alias="nvidiaRuntimeIsDefault")
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, alias="maxRequestBytes", ge=1024)
     dra: DraPolicy = DraPolicy()
+    # Set by `serve --policy-source` while the live configuration (GPU Operator ClusterPolicy, device
+    # plugin ConfigMap) cannot be read: what is missing. GPU pods are then denied with it (GPU010).
+    source_error: str = Field("", alias="sourceError")
+    # Does the node's NVIDIA toolkit honour NVIDIA_VISIBLE_DEVICES from unprivileged containers
+    # (accept-nvidia-visible-devices-envvar-when-unprivileged)? This chart's toolkit does not; the toolkit's
+    # own default does, and so does the GPU Operator's (GPU011).
+    envvar_when_unprivileged: bool = Field(False, alias="envvarWhenUnprivileged")
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

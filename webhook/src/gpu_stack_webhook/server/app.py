@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from flask import Flask, Response, request
@@ -27,12 +27,21 @@ from gpu_stack_webhook.admission.pipeline import JSON, error_body
 from gpu_stack_webhook.policy.config import PolicyConfig, load_config
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
+from gpu_stack_webhook.server.live_policy import DEFAULT_INTERVAL, LivePolicy
 from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
-from gpu_stack_webhook.server.reloader import serving_policy
+from gpu_stack_webhook.server.reloader import PolicySource, serving_policy
 from gpu_stack_webhook.server.review_routes import ReviewRoutes
 from gpu_stack_webhook.settings import Settings, load_settings
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
+
+
+class LiveReader(Protocol):
+    """kube/live.py OperatorReader, DevicePluginReader."""
+
+    def __call__(self, base: PolicyConfig) -> PolicyConfig: ...
+
+    def describe(self) -> str: ...
 
 
 def _always_ready() -> bool:
@@ -52,6 +61,10 @@ class AppConfig:
     facts: ClusterFacts = OFFLINE
     # The environment (settings.py): reload interval, metrics directory, policy path for `load`.
     settings: Settings = field(default_factory=load_settings)
+    # `serve --policy-source`: the reader of the live configuration the policy follows (kube/live.py),
+    # read every `live_interval` seconds (server/live_policy.py); None: the policy file alone.
+    live: LiveReader | None = None
+    live_interval: float = DEFAULT_INTERVAL
 
     @property
     def max_request_bytes(self) -> int:
@@ -83,8 +96,13 @@ def create_app(config: AppConfig) -> Flask:
     app = Flask("gpu_stack_webhook")
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
-    policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
-                            rules=config.rules, facts=config.facts)
+    policy: PolicySource
+    if config.live is not None:
+        policy = LivePolicy(config.policy_path, config.policy, config.live, interval=config.live_interval,
+                            describe=config.live.describe(), rules=config.rules, facts=config.facts)
+    else:
+        policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
+                                rules=config.rules, facts=config.facts)
     metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
 
     @app.get("/healthz")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.tls.config import Settings
@@ -76,6 +77,22 @@ def add_arguments(srv: argparse.ArgumentParser) -> None:
                      help="let the rules read envFrom ConfigMaps and namespace Pod Security labels")
     api.add_argument("--lookup-timeout", type=duration, default=duration("2s"))
     api.add_argument("--lookup-ttl", type=duration, default=duration("30s"))
+    live = srv.add_argument_group("Policy source (docs/gpu-operator.md)")
+    live.add_argument("--policy-source", choices=["file", "gpu-operator", "device-plugin"], default="file",
+                      help="file: the sharing configs of --config; gpu-operator: follow the GPU Operator's "
+                           "ClusterPolicy and the device plugin ConfigMap it names; device-plugin: follow the "
+                           "device-plugin chart's config ConfigMap (default %(default)s)")
+    live.add_argument("--cluster-policy", default="cluster-policy",
+                      help="gpu-operator: the ClusterPolicy's name (default %(default)s)")
+    live.add_argument("--operator-namespace", default="gpu-operator",
+                      help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
+                           "(default %(default)s)")
+    live.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
+                      help="device-plugin: the chart's config ConfigMap (config.name, or <fullname>-configs)")
+    live.add_argument("--plugin-default-config", default="",
+                      help="device-plugin: the chart's config.default (default: `default`, else the only config)")
+    live.add_argument("--policy-source-interval", type=duration, default=duration("2s"),
+                      help="how often the live configuration is read (default 2s)")
 
 
 def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
@@ -96,6 +113,8 @@ class Prepared:
     readiness: Callable[[], bool] | None = None
     facts: ClusterFacts = OFFLINE
     gunicorn_settings: dict[str, Any] = field(default_factory=dict)
+    # --policy-source other than file: the reader of the live configuration (kube/live.py).
+    live: OperatorReader | DevicePluginReader | None = None
 
 
 def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> Settings:
@@ -136,7 +155,7 @@ def bootstrap(manager: TlsManager, attempts: int = BOOTSTRAP_ATTEMPTS, sleep: Ca
 def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepared:
     """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
     ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
-    needs_api = args.tls_mode == "self-managed" or args.cluster_lookups
+    needs_api = args.tls_mode == "self-managed" or args.cluster_lookups or args.policy_source != "file"
     api = None
     if needs_api:
         try:
@@ -149,10 +168,11 @@ def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepa
         lookups = KubernetesClientApi(api.api_client, (timeout, timeout)) if api else None
         assert lookups is not None
         facts = ApiFacts(lookups, ttl=args.lookup_ttl.total_seconds())
+    live = live_reader(args, api) if api is not None else None
     if args.tls_mode != "self-managed":
         if not (args.cert and args.key):
             raise ValueError("--cert and --key are required unless --tls-mode self-managed")
-        return Prepared(certfile=args.cert, keyfile=args.key, facts=facts)
+        return Prepared(certfile=args.cert, keyfile=args.key, facts=facts, live=live)
     assert api is not None
     settings = settings_from(args, pod_namespace)
     manager = TlsManager(api, settings)
@@ -168,5 +188,19 @@ def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepa
     return Prepared(
         certfile=str(settings.certfile), keyfile=str(settings.keyfile),
         readiness=file_readiness(settings.ready_file), facts=facts,
-        gunicorn_settings={"when_ready": when_ready},
+        gunicorn_settings={"when_ready": when_ready}, live=live,
     )
+
+
+def live_reader(args: argparse.Namespace, api: KubernetesClientApi) -> OperatorReader | DevicePluginReader | None:
+    """The reader of --policy-source (None for `file`), with the lookups' short request timeout."""
+    if args.policy_source == "file":
+        return None
+    timeout = args.lookup_timeout.total_seconds()
+    reads = KubernetesClientApi(api.api_client, (timeout, timeout))
+    if args.policy_source == "gpu-operator":
+        return OperatorReader(reads, args.cluster_policy, args.operator_namespace)
+    namespace, _, name = (args.plugin_configmap or "").partition("/")
+    if not (namespace and name):
+        raise ValueError("--policy-source device-plugin needs --plugin-configmap NAMESPACE/NAME")
+    return DevicePluginReader(reads, namespace, name, args.plugin_default_config)

@@ -45,8 +45,10 @@ from gpu_stack_webhook.policy.rules import (
     gpu_limits,
     mig_resources,
     mps,
+    policy_source,
     privileged,
     runtime_class,
+    runtime_class_allocation,
     shared_requests,
     visible_devices,
 )
@@ -82,6 +84,6 @@ def _rule(module: ModuleType) -> Rule:
 RULES: tuple[Rule, ...] = tuple(
     _rule(m)
     for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass,
-              runtime_class, dra_claims)
+              runtime_class, dra_claims, policy_source, runtime_class_allocation)
 )
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)

@@ -1,0 +1,84 @@
+"""Reading the live GPU configuration the policy follows (`serve --policy-source`, docs/gpu-operator.md):
+the GPU Operator's ClusterPolicy and the device plugin ConfigMap it names, or the device-plugin chart's
+config ConfigMap. policy/live.py turns what is read into the PolicyConfig; a reader never raises: what
+cannot be read becomes the fail-closed policy (GPU010) whose message names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from gpu_stack_webhook.kube.client import Forbidden, KubeApi, KubeError
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.live import (
+    SourceError,
+    device_plugin_policy,
+    operator_policy,
+    read_cluster_policy,
+    unavailable_policy,
+)
+
+T = TypeVar("T")
+# PolicyConfig (the chart's policy file) -> the PolicyConfig to judge with.
+Reader = Callable[[PolicyConfig], PolicyConfig]
+
+
+def _get(ask: Callable[[], T], verb: str, what: str) -> T:
+    try:
+        return ask()
+    except Forbidden as exc:
+        raise SourceError(f"no permission to {verb} {what} ({exc.message})") from None
+    except KubeError as exc:
+        raise SourceError(f"cannot {verb} {what}: {exc}") from None
+
+
+class OperatorReader:
+    """The ClusterPolicy `name` and the ConfigMap its devicePlugin.config names, in the operator's
+    namespace (its status.namespace, else `namespace`)."""
+
+    def __init__(self, api: KubeApi, name: str, namespace: str) -> None:
+        self.api, self.name, self.namespace = api, name, namespace
+
+    def describe(self) -> str:
+        return f"GPU Operator ClusterPolicy {self.name}"
+
+    def __call__(self, base: PolicyConfig) -> PolicyConfig:
+        try:
+            return self.read(base)
+        except SourceError as exc:
+            return unavailable_policy(base, str(exc))
+
+    def read(self, base: PolicyConfig) -> PolicyConfig:
+        obj: dict[str, Any] | None = _get(lambda: self.api.read_cluster_policy(self.name), "get",
+                                          f"clusterpolicies.nvidia.com {self.name}")
+        if obj is None:
+            raise SourceError(f"ClusterPolicy {self.name} does not exist (is the GPU Operator installed, and "
+                              f"is this the name of its ClusterPolicy?)")
+        settings = read_cluster_policy(obj)
+        settings = replace(settings, namespace=settings.namespace or self.namespace)
+        data = None
+        if settings.plugin_config:
+            data = _get(lambda: self.api.read_configmap_data(settings.namespace, settings.plugin_config), "get",
+                        f"configmap {settings.plugin_config} in namespace {settings.namespace}")
+        return operator_policy(base, settings, data)
+
+
+class DevicePluginReader:
+    """The device-plugin chart's config ConfigMap `namespace`/`name` and its default config."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, default_config: str = "") -> None:
+        self.api, self.namespace, self.name, self.default_config = api, namespace, name, default_config
+
+    def describe(self) -> str:
+        return f"device plugin ConfigMap {self.namespace}/{self.name}"
+
+    def __call__(self, base: PolicyConfig) -> PolicyConfig:
+        where = f"ConfigMap {self.namespace}/{self.name}"
+        try:
+            data = _get(lambda: self.api.read_configmap_data(self.namespace, self.name), "get",
+                        f"configmap {self.name} in namespace {self.namespace}")
+            return device_plugin_policy(base, where, data, self.default_config)
+        except SourceError as exc:
+            return unavailable_policy(base, str(exc))

@@ -1,0 +1,28 @@
+"""GPU010 policy-source-readable: no GPU pod while the live configuration the policy follows cannot be read.
+
+With `serve --policy-source gpu-operator` or `device-plugin` (docs/gpu-operator.md) the sharing configs,
+MIG strategy and runtime layout come from the GPU Operator's ClusterPolicy and the device plugin's
+ConfigMap. When they cannot be read (no permission, object missing, a config the device plugin would
+reject, a ClusterPolicy of a schema version gpu-stack does not read), the webhook does not guess: every
+GPU pod (a GPU resource, a GPU runtime class, or DRA claims) is denied with a message naming what is
+missing (policy `sourceError`), until the source can be read again. Other pods are judged as before.
+"""
+
+from __future__ import annotations
+
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, names_dra
+
+ID = "GPU010"
+NAME = "policy-source-readable"
+SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+MUTATING = False  # denies on /validate only (rules/__init__.py)
+
+
+def check(pod: PodView, ctx: Context) -> list[Finding]:
+    missing = ctx.config.source_error
+    if not missing or not (is_gpu_pod(pod, ctx) or names_dra(pod)):
+        return []
+    return [Finding(ID, Severity.DENY, f"the GPU configuration this policy follows cannot be read: {missing}",
+                    f"{pod.path}")]
