@@ -52,7 +52,8 @@ DIRTY_WARNING = ("**Not reproducible: a part of this file measured a checkout wi
                  "below says `" + DIRTY + "`). Commit the code, run `make bench` again, and commit the file it "
                  "writes; tests/bench/test_bench_report.py refuses this file in a commit.")
 INTRO = ("Written whole by `make bench` (hack/bench_policy.py and bench/run_bench.py, then bench/many_clients.py, "
-         "bench/apiserver_load.py, bench/scheduler_scale.py and bench/pod_startup.py; `make soak` and `make bench-inspect` write the parts "
+         "bench/apiserver_load.py, bench/scheduler_scale.py and bench/pod_startup.py; `make soak` and "
+         "`make bench-inspect` write the parts "
          "it includes). Do not edit it by hand: each part says which run wrote it, on which commit. The history of "
          "how the review path got to these figures is in git (`git log -p -- BENCHMARKS.md bench/analysis.md`).")
 METHOD = [

@@ -262,9 +262,9 @@ state = "{self.dir}/containerd/state"
                                    "--hostname-override", self.name, "--conntrack-max-per-core", "0",
                                    "--v=1"])
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([self.cluster.kubectl, "--kubeconfig", str(self.cluster.kubeconfig), *args],
-                              capture_output=True, text=True, check=False, timeout=60)
+                              capture_output=True, text=True, check=False, timeout=120, input=input)
         if check and proc.returncode:
             raise NodeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
         return proc

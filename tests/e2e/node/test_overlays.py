@@ -11,8 +11,10 @@ import pytest
 from ..e2elib import E2ECluster, Releases, overlays, unique
 from .conftest import install_and_wait
 
-# Overlays whose install needs another project running (its CRDs and controller): not served by this node.
-NEEDS_OTHER_PROJECTS = {"monitoring-prometheus-operator.yaml", "webhook-cert-manager.yaml"}
+# Overlays whose install needs another project running (its CRDs and controller, or the GPU agents whose
+# configuration the policy-only overlays read): not served by this node.
+NEEDS_OTHER_PROJECTS = {"monitoring-prometheus-operator.yaml", "webhook-cert-manager.yaml",
+                        "policy-only-gpu-operator.yaml", "policy-only-device-plugin.yaml"}
 
 
 @pytest.mark.parametrize("overlay", [o for o in overlays() if o not in NEEDS_OTHER_PROJECTS])

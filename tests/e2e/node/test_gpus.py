@@ -1,6 +1,6 @@
 """GPUs on a real kubelet: the stand-in device plugin (tests/e2e/deviceplugin) registered with the node's
-device manager, pods run by containerd under gVisor. Needs the `real_node` fixture (a kubelet + containerd
-node; each test skips without it) giving `.kubectl(*args)`, `.kubelet_root`, `.node_name` and
+device manager, pods run by containerd under gVisor. Uses the `real_node` fixture (tests/e2e/node/conftest.py;
+each test skips without it) through `.kubectl(*args)`, `.kubelet_root`, `.node_name` and
 `.run_in_netns(cmd)` (starts a process in the node's network namespace, returns its Popen).
 
 The kubelet v1.36 serves its device plugin Registration on /var/lib/kubelet/device-plugins/kubelet.sock
