@@ -115,10 +115,24 @@ def scrape(cluster: E2ECluster, release: Release, pod: dict) -> str:
                                            f"https:{pod['metadata']['name']}:8443/proxy/metrics").stdout
 
 
+def denied_total(cluster: E2ECluster, release: Release, pods: list[dict]) -> float:
+    """validate/denied reviews over the pods, once it holds still: each worker flushes its increments to the
+    multiprocess files once a second, so a scrape right after a review may not count it yet."""
+    def total() -> float:
+        return sum(metric_total(scrape(cluster, release, p), "gpu_stack_admission_reviews_total",
+                                endpoint="validate", decision="denied") for p in pods)
+    last = total()
+    while True:
+        time.sleep(1.5)
+        now = total()
+        if now == last:
+            return now
+        last = now
+
+
 def test_decisions_are_logged_as_json_and_counted_in_metrics(cluster: E2ECluster, installed: Release) -> None:
     pods = webhook_pods(cluster, installed)
-    before = sum(metric_total(scrape(cluster, installed, p), "gpu_stack_admission_reviews_total",
-                              endpoint="validate", decision="denied") for p in pods)
+    before = denied_total(cluster, installed, pods)
     name = unique("logged")
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
@@ -130,14 +144,7 @@ def test_decisions_are_logged_as_json_and_counted_in_metrics(cluster: E2ECluster
              if line.startswith("{") and name in line]
     assert [(d["endpoint"], d["decision"], d["denied_by"], d["dryRun"], d["namespace"]) for d in lines
             if d["endpoint"] == "validate"] == [("validate", "denied", ["GPU002"], True, TEST_NAMESPACE)]
-    deadline = time.monotonic() + 10  # increments are flushed to the multiprocess files once a second
-    while True:
-        after = sum(metric_total(scrape(cluster, installed, p), "gpu_stack_admission_reviews_total",
-                                 endpoint="validate", decision="denied") for p in pods)
-        if after >= before + 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert after == before + 1
+    assert denied_total(cluster, installed, pods) == before + 1
 
 
 def test_helm_test_passes_with_its_pods_running(cluster: E2ECluster, installed: Release) -> None:
