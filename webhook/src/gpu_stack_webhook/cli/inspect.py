@@ -17,7 +17,7 @@ from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.kube import inspect as inspect_kube
 from gpu_stack_webhook.kube.client import KubernetesClientApi
-from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader
+from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.sharing import SharingIndex
 from gpu_stack_webhook.settings import load_terminal_settings
@@ -53,19 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dashboards-namespace", metavar="NAMESPACE",
                         help="where the chart's Grafana dashboards are (monitoring.dashboards.namespace; "
                              "default: --configmap-namespace)")
-    parser.add_argument("--policy-source", choices=("chart", "gpu-operator", "device-plugin"), default="chart",
-                        help="where the sharing configs come from, as for the webhook (webhook.policySource): "
-                             "chart (--configmap), gpu-operator (the ClusterPolicy and the ConfigMap it names) "
-                             "or device-plugin (--plugin-configmap); default %(default)s")
-    parser.add_argument("--cluster-policy", default="cluster-policy",
-                        help="gpu-operator: the ClusterPolicy's name (default %(default)s)")
-    parser.add_argument("--operator-namespace", default="gpu-operator",
-                        help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
-                             "(default %(default)s)")
-    parser.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
-                        help="device-plugin: the chart's config ConfigMap")
-    parser.add_argument("--plugin-default-config", default="",
-                        help="device-plugin: the chart's config.default")
+    add_source_arguments(parser, "chart", "where the sharing configs come from, as for the webhook "
+                                          "(webhook.policySource): chart: the chart's --configmap")
     parser.add_argument("--chunk-size", type=_positive, default=inspect_kube.DEFAULT_CHUNK_SIZE,
                         help="objects per list request (default %(default)s)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",

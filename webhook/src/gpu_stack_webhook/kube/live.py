@@ -82,3 +82,21 @@ class DevicePluginReader:
             return device_plugin_policy(base, where, data, self.default_config)
         except SourceError as exc:
             return unavailable_policy(base, str(exc))
+
+
+def add_source_arguments(parser: Any, own: str, own_help: str) -> None:
+    """The options that choose where the sharing configs come from, the same for `serve` and `inspect`:
+    `own` names the command's own source (its first choice and default), described by `own_help`."""
+    parser.add_argument("--policy-source", choices=[own, "gpu-operator", "device-plugin"], default=own,
+                        help=f"{own_help}; gpu-operator: follow the GPU Operator's ClusterPolicy and the device plugin "
+                             "ConfigMap it names; device-plugin: follow the device-plugin chart's config ConfigMap "
+                             "(default %(default)s)")
+    parser.add_argument("--cluster-policy", default="cluster-policy",
+                        help="gpu-operator: the ClusterPolicy's name (default %(default)s)")
+    parser.add_argument("--operator-namespace", default="gpu-operator",
+                        help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
+                             "(default %(default)s)")
+    parser.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
+                        help="device-plugin: the chart's config ConfigMap (config.name, or <fullname>-configs)")
+    parser.add_argument("--plugin-default-config", default="",
+                        help="device-plugin: the chart's config.default (default: `default`, else the only config)")

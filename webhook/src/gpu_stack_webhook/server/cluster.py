@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
-from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader
+from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.tls.config import Settings
@@ -78,19 +78,7 @@ def add_arguments(srv: argparse.ArgumentParser) -> None:
     api.add_argument("--lookup-timeout", type=duration, default=duration("2s"))
     api.add_argument("--lookup-ttl", type=duration, default=duration("30s"))
     live = srv.add_argument_group("Policy source (docs/gpu-operator.md)")
-    live.add_argument("--policy-source", choices=["file", "gpu-operator", "device-plugin"], default="file",
-                      help="file: the sharing configs of --config; gpu-operator: follow the GPU Operator's "
-                           "ClusterPolicy and the device plugin ConfigMap it names; device-plugin: follow the "
-                           "device-plugin chart's config ConfigMap (default %(default)s)")
-    live.add_argument("--cluster-policy", default="cluster-policy",
-                      help="gpu-operator: the ClusterPolicy's name (default %(default)s)")
-    live.add_argument("--operator-namespace", default="gpu-operator",
-                      help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
-                           "(default %(default)s)")
-    live.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
-                      help="device-plugin: the chart's config ConfigMap (config.name, or <fullname>-configs)")
-    live.add_argument("--plugin-default-config", default="",
-                      help="device-plugin: the chart's config.default (default: `default`, else the only config)")
+    add_source_arguments(live, "file", "file: the sharing configs of --config")
     live.add_argument("--policy-source-interval", type=duration, default=duration("2s"),
                       help="how often the live configuration is read (default 2s)")
 
