@@ -8,7 +8,7 @@ from pathlib import Path
 
 import node
 
-from ..e2elib import ROOT
+from ..e2elib import ROOT, E2ECluster, Release
 
 IMAGE = os.environ.get("E2E_IMAGE", "localhost/gpu-stack-webhook:e2e")
 IMAGE_ARCHIVE = Path(os.environ.get("E2E_IMAGE_ARCHIVE", ROOT / ".tools" / "images" / "gpu-stack-webhook-e2e.tar"))
@@ -38,3 +38,9 @@ def image_parts(image: str = IMAGE) -> tuple[str, str]:
 def install_values(**extra: object) -> dict[str, object]:
     repository, tag = image_parts()
     return {"webhook.image.repository": repository, "webhook.image.tag": tag, **INSTALL_SET, **extra}
+
+
+def webhook_pods(cluster: E2ECluster, release: Release) -> list[dict]:
+    """The release's webhook pods, terminating ones included."""
+    selector = f"{release.selector},app.kubernetes.io/component=webhook"
+    return cluster.get_json("pods", "-n", release.namespace, "-l", selector)["items"]

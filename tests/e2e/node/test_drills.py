@@ -23,7 +23,7 @@ import pytest
 
 from ..e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases, unique
 from .conftest import install_and_wait
-from .install import install_values
+from .install import install_values, webhook_pods
 
 BAD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}},
            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
@@ -97,11 +97,6 @@ def drill_release(cluster: E2ECluster) -> Iterator[Release]:
 @pytest.fixture
 def load_namespace(cluster: E2ECluster) -> str:
     return cluster.create_namespace(unique("load"))
-
-
-def webhook_pods(cluster: E2ECluster, release: Release) -> list[dict]:
-    return cluster.get_json("pods", "-n", release.namespace, "-l",
-                            f"{release.selector},app.kubernetes.io/component=webhook")["items"]
 
 
 def wait_ready_replicas(cluster: E2ECluster, release: Release, want: int = 2, timeout: float = 240) -> None:

@@ -16,14 +16,9 @@ import time
 import yaml
 
 from ..e2elib import ROOT, WEBHOOK_KINDS, E2ECluster, Release, unique
-from .install import TEST_NAMESPACE
+from .install import TEST_NAMESPACE, webhook_pods
 
 DEMO_MANIFESTS = ROOT / "hack" / "demo" / "manifests"
-
-
-def webhook_pods(cluster: E2ECluster, release: Release) -> list[dict]:
-    selector = f"{release.selector},app.kubernetes.io/component=webhook"
-    return cluster.get_json("pods", "-n", release.namespace, "-l", selector)["items"]
 
 
 def pod_log(cluster: E2ECluster, release: Release, pod: dict) -> str:
