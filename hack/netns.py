@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def can_isolate() -> str:
     if os.geteuid() != 0:
         return "not root (the namespaces and a real node need root)"
     for tool in ("unshare", "ip"):
-        if not any((Path(d) / tool).exists() for d in os.environ.get("PATH", "/usr/bin").split(os.pathsep)):
+        if shutil.which(tool) is None:
             return f"{tool} not found"
     return ""
 
