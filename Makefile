@@ -22,7 +22,13 @@ $(DEPS_STAMP): requirements.lock
 	$(PY) -m pip install --quiet -r requirements.lock
 	touch $@
 
-$(STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
+# The development machinery (dev/: gpu_stack_dev), installed editable: tests, bench and hack import it.
+DEV_STAMP := $(VENV)/.dev-installed
+$(DEV_STAMP): $(DEPS_STAMP) dev/pyproject.toml
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e ./dev
+	touch $@
+
+$(STAMP): $(DEPS_STAMP) $(DEV_STAMP) $(WEBHOOK_SOURCES)
 	rm -rf webhook/build
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation --force-reinstall ./webhook
 	rm -rf webhook/build

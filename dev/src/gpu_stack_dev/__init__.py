@@ -1,0 +1,1 @@
+"""gpu-stack's development machinery, shared by tests/, bench/, hack/ and the demo (dev/pyproject.toml)."""
