@@ -55,6 +55,7 @@ CNI_BIN = Path("/usr/lib/cni")
 KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 READY_TIMEOUT = float(os.environ.get("GPU_STACK_E2E_NODE_TIMEOUT", "180"))
 NODE_BINARIES = ("kubelet", "kube-proxy")
+NVIDIA_HANDLER = "nvidia"
 
 
 class NodeError(RuntimeError):
@@ -88,6 +89,7 @@ class Node:
         # directory is bind-mounted there, inside the run's private mount namespace only.
         self.device_plugin_dir = self.dir / "device-plugins"
         self.busybox_image = BUSYBOX_IMAGE
+        self.nvidia_runtime_log = self.dir / "nvidia-runtime.jsonl"
 
     @property
     def node_name(self) -> str:
@@ -185,6 +187,9 @@ class Node:
                 {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=2))
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         runsc = f'{cri}.containerd.runtimes.runsc'
+        # The handler the NVIDIA toolkit registers (the chart's RuntimeClass `nvidia`), as a stand-in that
+        # records each container's spec into .nvidia_runtime_log (hack/node/nvidia-runtime-standin).
+        nvidia = f'{cri}.containerd.runtimes.{NVIDIA_HANDLER}'
         (self.dir / "containerd.toml").write_text(f"""version = 2
 root = "{self.dir}/containerd/root"
 state = "{self.dir}/containerd/state"
@@ -200,12 +205,18 @@ state = "{self.dir}/containerd/state"
 [{runsc}.options]
   BinaryName = "{ROOT}/hack/node/runsc-wrap"
   Root = "{self.dir}/runsc-root"
+[{nvidia}]
+  runtime_type = "io.containerd.runc.v2"
+[{nvidia}.options]
+  BinaryName = "{ROOT}/hack/node/nvidia-runtime-standin"
+  Root = "{self.dir}/runsc-root"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{cni}"
 """)
         self._spawn("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")],
-                    env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state")})
+                    env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state"),
+                         "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log)})
         deadline = time.monotonic() + 30
         while self.ctr("version", check=False).returncode:
             if time.monotonic() > deadline or self.procs["containerd"].poll() is not None:

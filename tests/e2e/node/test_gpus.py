@@ -15,9 +15,6 @@ kubelet's are the same files through the bind mount); without it the tests use t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,12 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests.chart.chartlib import render
-from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT, NodePlugin, mps_root_of, node_plugin
+from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT
 from tests.e2e.deviceplugin.server import write_health
-from tests.e2e.fleet import ChartSharing, NodeSpec, plan
 
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+from .standin import StandIn, apply_pod, gpu_resources, seen, wait_for
+
 # (overlay, GPU model, GPUs): measured on a kubelet v1.36.2 node, capacity == allocatable == the fleet's.
 OVERLAYS = [
     ("default", "Tesla-T4", 2),
@@ -39,8 +35,6 @@ OVERLAYS = [
     ("mig-single-all-1g.yaml", "NVIDIA-A100-SXM4-40GB", 1),
     ("mig-mixed-all-balanced.yaml", "NVIDIA-A100-SXM4-40GB", 1),
 ]
-# The container prints what the NVIDIA runtime would read: the variable and the device-list mounts.
-SHOW_DEVICES = f"echo NVD=$NVIDIA_VISIBLE_DEVICES; ls {VOLUME_MOUNTS_ROOT} 2>/dev/null; echo END; sleep 3600"
 
 
 @pytest.fixture
@@ -49,51 +43,6 @@ def node(request: pytest.FixtureRequest) -> Any:
         return request.getfixturevalue("real_node")
     except pytest.FixtureLookupError:
         pytest.skip("needs the real_node fixture (a kubelet + containerd node)")
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(1)
-
-
-class StandIn:
-    """The stand-in plugin process for one overlay on the node, its health file, and its device IDs."""
-
-    def __init__(self, node: Any, tmp: Path, overlay: str, model: str, gpus: int) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.node, self.health = node, tmp / "health.json"
-        rendered = render(4, overlay)
-        objects = rendered.objects()
-        self.sharing = ChartSharing.from_objects(objects)
-        self.spec = NodeSpec(node.node_name, gpus=gpus, model=model)
-        # GPUs of their own: the kubelet may still hold an earlier test's devices for pods it is cleaning up.
-        seed = uuid.uuid4().hex
-        self.plugin: NodePlugin = node_plugin(self.spec, self.sharing, mps_root=mps_root_of(objects), gpu_seed=seed)
-        (tmp / "render.yaml").write_text(rendered.stdout, encoding="utf-8")
-        write_health(self.health, [])
-        plugin_dir = getattr(node, "device_plugin_dir", DEVICE_PLUGIN_DIR)
-        # No device specs: the node has no /dev/nvidia* for containerd to pass.
-        self.proc: subprocess.Popen[Any] = node.run_in_netns([
-            sys.executable, "-m", "tests.e2e.deviceplugin", "--render", str(tmp / "render.yaml"),
-            "--node", node.node_name, "--gpus", str(gpus), "--model", model, "--plugin-dir", str(plugin_dir),
-            "--health-file", str(self.health), "--no-device-specs", "--gpu-seed", seed])
-
-    def promised(self) -> dict[str, str]:
-        return {k: v for k, v in plan(self.spec, self.sharing).resources.items() if k.startswith("nvidia.com/")}
-
-    def stop(self) -> None:
-        """Stop the plugin and wait until the kubelet has withdrawn its devices (allocatable 0), so that the
-        next plugin's wait for its numbers cannot pass on this one's."""
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        gone = {name: "0" for name in self.promised()}
-        _wait(lambda: _gpu_resources(self.node, gone)[1] == gone, "the stopped plugin's devices withdrawn")
 
 
 @pytest.fixture
@@ -120,71 +69,36 @@ def namespace(node: Any) -> Iterator[str]:
     node.kubectl("delete", "namespace", name, "--wait=false")
 
 
-def _status(node: Any) -> dict[str, Any]:
-    return json.loads(node.kubectl("get", "node", node.node_name, "-o", "json").stdout)["status"]
-
-
-def _gpu_resources(node: Any, promised: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(capacity, allocatable) of the promised resources (a resource of an earlier plugin stays in capacity
-    with allocatable 0 until the kubelet drops it)."""
-    status = _status(node)
-    return ({k: status["capacity"].get(k) for k in promised}, {k: status["allocatable"].get(k) for k in promised})
-
-
-def _pod(node: Any, namespace: str, name: str, gpus: int | None, env: dict[str, str] | None = None,
-         extra: dict[str, Any] | None = None) -> None:
-    container: dict[str, Any] = {
-        "name": "c", "image": getattr(node, "busybox_image", "localhost/busybox:1"), "imagePullPolicy": "Never",
-        "command": ["/bin/sh", "-c", SHOW_DEVICES]}
-    if gpus is not None:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    if env:
-        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container],
-                    **(extra or {})}}
-    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
-
-
-def _seen(node: Any, namespace: str, name: str) -> tuple[str, list[str]]:
-    """(NVIDIA_VISIBLE_DEVICES, the entries under /var/run/nvidia-container-devices) inside the container."""
-    def logs() -> str | None:
-        out = node.kubectl("logs", "-n", namespace, name, check=False)
-        return out.stdout if out.returncode == 0 and "END" in out.stdout else None
-    lines = _wait(logs, f"{name}'s output").splitlines()
-    return lines[0].removeprefix("NVD="), lines[1:lines.index("END")]
-
-
 @pytest.mark.parametrize(("overlay", "model", "gpus"), OVERLAYS)
 def test_capacity_and_allocatable_are_what_the_chart_and_the_fleet_promise(
         node: Any, standin: Callable[..., StandIn], overlay: str, model: str, gpus: int) -> None:
     plugin = standin(overlay, model, gpus)
     promised = plugin.promised()
     assert promised == {r.name: str(len(r.devices)) for r in plugin.plugin.resources}
-    _wait(lambda: _gpu_resources(node, promised) == (promised, promised), f"{promised} on {node.node_name}")
+    wait_for(lambda: gpu_resources(node, promised) == (promised, promised), f"{promised} on {node.node_name}")
 
 
 def test_each_container_sees_exactly_the_devices_allocated_to_it(
         node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
     plugin = standin("default", "Tesla-T4", 2)
     gpus = {d.id for d in plugin.plugin.resources[0].devices}
-    _wait(lambda: _gpu_resources(node, plugin.promised())[1] == plugin.promised(), "2 GPUs")
+    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "2 GPUs")
     for name in ("a", "b"):
-        _pod(node, namespace, name, gpus=1)
-    seen = {name: _seen(node, namespace, name) for name in ("a", "b")}
-    assert {env for env, _ in seen.values()} == {VOLUME_MOUNTS_ROOT}
-    (a,), (b,) = seen["a"][1], seen["b"][1]
+        apply_pod(node, namespace, name, gpus=1)
+    by_pod = {name: seen(node, namespace, name) for name in ("a", "b")}
+    assert {env for env, _ in by_pod.values()} == {VOLUME_MOUNTS_ROOT}
+    (a,), (b,) = by_pod["a"][1], by_pod["b"][1]
     assert {a, b} == gpus  # one GPU each, never the same one
 
 
 def test_the_fifth_pod_on_time_slicing_t4_x4_stays_pending(
         node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
     plugin = standin("time-slicing-t4-x4.yaml", "Tesla-T4", 1)
-    _wait(lambda: _gpu_resources(node, plugin.promised())[1] == {"nvidia.com/gpu": "4"}, "4 replicas")
+    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == {"nvidia.com/gpu": "4"}, "4 replicas")
     for i in range(5):
-        _pod(node, namespace, f"p{i}", gpus=1)
+        apply_pod(node, namespace, f"p{i}", gpus=1)
     replicas_of = {d.base_id for d in plugin.plugin.resources[0].devices}
-    running = [_seen(node, namespace, f"p{i}") for i in range(4)]
+    running = [seen(node, namespace, f"p{i}") for i in range(4)]
     assert all(mounts == sorted(replicas_of) for _, mounts in running)  # the GPU, not the replica ID
 
     def pending_reason() -> str | None:
@@ -193,7 +107,7 @@ def test_the_fifth_pod_on_time_slicing_t4_x4_stays_pending(
             if c["type"] == "PodScheduled" and c["status"] == "False":
                 return str(c["message"])
         return None
-    assert "Insufficient nvidia.com/gpu" in _wait(pending_reason, "p4 unschedulable")
+    assert "Insufficient nvidia.com/gpu" in wait_for(pending_reason, "p4 unschedulable")
 
 
 def test_the_pod_spec_env_wins_over_the_plugins_nvidia_visible_devices(
@@ -201,28 +115,28 @@ def test_the_pod_spec_env_wins_over_the_plugins_nvidia_visible_devices(
     """The kubelet puts the plugin's envs first and the container's env after them
     (pkg/kubelet/kubelet_pods.go GenerateRunContainerOptions); the last value is what the container sees."""
     plugin = standin("default", "Tesla-T4", 1)
-    _wait(lambda: _gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
-    _pod(node, namespace, "gpu", gpus=1, env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    _pod(node, namespace, "nogpu", gpus=None, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
+    apply_pod(node, namespace, "gpu", gpus=1, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    apply_pod(node, namespace, "nogpu", gpus=None, env={"NVIDIA_VISIBLE_DEVICES": "all"})
     (gpu,) = (d.id for d in plugin.plugin.resources[0].devices)
-    assert _seen(node, namespace, "gpu") == ("all", [gpu])
-    assert _seen(node, namespace, "nogpu") == ("all", [])
+    assert seen(node, namespace, "gpu") == ("all", [gpu])
+    assert seen(node, namespace, "nogpu") == ("all", [])
 
 
 def test_an_unknown_runtime_class_handler_leaves_the_pod_in_container_creating(
         node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
     plugin = standin("default", "Tesla-T4", 1)
-    _wait(lambda: _gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
+    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
     handler = f"gs-unknown-{uuid.uuid4().hex[:6]}"
     node.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": handler}, "handler": handler}))
     try:
-        _pod(node, namespace, "rc", gpus=1, extra={"runtimeClassName": handler})
+        apply_pod(node, namespace, "rc", gpus=1, extra={"runtimeClassName": handler})
 
         def sandbox_failure() -> str | None:
             events = json.loads(node.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
             return next((e["message"] for e in events if e["reason"] == "FailedCreatePodSandBox"), None)
-        message = _wait(sandbox_failure, "FailedCreatePodSandBox")
+        message = wait_for(sandbox_failure, "FailedCreatePodSandBox")
         assert f'no runtime for "{handler}" is configured' in message
         pod = json.loads(node.kubectl("get", "pod", "-n", namespace, "rc", "-o", "json").stdout)
         assert pod["status"]["phase"] == "Pending" and pod["spec"]["nodeName"] == node.node_name
@@ -233,10 +147,10 @@ def test_an_unknown_runtime_class_handler_leaves_the_pod_in_container_creating(
 def test_an_unhealthy_device_drops_allocatable_until_it_is_healthy_again(
         node: Any, standin: Callable[..., StandIn]) -> None:
     plugin = standin("default", "Tesla-T4", 2)
-    _wait(lambda: _gpu_resources(node, plugin.promised()) == ({"nvidia.com/gpu": "2"},) * 2, "2 GPUs")
+    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({"nvidia.com/gpu": "2"},) * 2, "2 GPUs")
     (resource, victim), = plugin.plugin.xid_victim(plugin.plugin.gpu_uuids()[1])
     write_health(plugin.health, [victim])
-    _wait(lambda: _gpu_resources(node, plugin.promised()) == ({resource: "2"}, {resource: "1"}),
+    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({resource: "2"}, {resource: "1"}),
           "allocatable 1 of capacity 2")
     write_health(plugin.health, [])
-    _wait(lambda: _gpu_resources(node, plugin.promised()) == ({resource: "2"},) * 2, "allocatable back to 2")
+    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({resource: "2"},) * 2, "allocatable back to 2")
