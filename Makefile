@@ -110,7 +110,7 @@ e2e-image:
 # checkov (its own tool venv under .tools/checkov, hack/ensure-checkov.sh) on the chart rendered with the
 # defaults and every overlay: fails on any failed check or undeclared exception.
 lint: $(STAMP) helm
-	$(VENV)/bin/ruff check webhook tests hack bench
+	$(VENV)/bin/ruff check webhook tests hack bench dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) hack/chart-scan.py

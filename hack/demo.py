@@ -33,11 +33,9 @@ from typing import Any
 
 import jsonpatch
 import yaml
+from gpu_stack_dev import controlplane
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.tls.certs import write_loopback_pki
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import controlplane
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpu-stack"
@@ -179,7 +177,7 @@ def main() -> int:
     else:
         reason = "no KUBEBUILDER_ASSETS, no ../shared/envtest, no GPU_STACK_E2E_CLUSTER=existing"
     if live:
-        import demo_live  # noqa: PLC0415  (imports the e2e helpers, only needed here)
+        from gpu_stack_dev import demo_live  # noqa: PLC0415  (imports the e2e helpers, only needed here)
 
         with controlplane.connect() as plane:
             print(f"gpu-stack demo on {demo_live.describe(plane)}", flush=True)

@@ -5,16 +5,10 @@ mixed creates, the API server's call counter read by webhook and type, the match
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import apiserver_calls as ac
-
-from tests.e2e.apiload import arrivals
+from gpu_stack_dev.bench import apiserver_calls as ac
+from gpu_stack_dev.e2e.apiload import arrivals
 
 
 def _sample(name: str, operation: str, rejected: str, kind: str, value: int) -> str:

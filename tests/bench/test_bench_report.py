@@ -7,16 +7,11 @@ here."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import provenance  # noqa: E402
-import report  # noqa: E402
+from gpu_stack_dev.bench import provenance, report
+from gpu_stack_dev.paths import BENCH
 
 STAMP = provenance.stamp("make bench", when="2026-11-25 14:00 UTC", at="0123456789ab")
 OLD_STAMP = provenance.stamp("make bench", when="2026-11-24 09:00 UTC", at="ba9876543210")

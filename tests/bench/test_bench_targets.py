@@ -7,20 +7,11 @@ import base64
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(BENCH.parent / "hack"))
-
-import bodies  # noqa: E402
-import report  # noqa: E402
-import run_bench  # noqa: E402
-import soak  # noqa: E402
-import targets  # noqa: E402
-from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
-from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
+from gpu_stack_dev.bench import bodies, report, run_bench, soak, targets
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.server.app import AppConfig, create_app
 
 
 def test_issue_14_pod_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:

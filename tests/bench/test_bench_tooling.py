@@ -7,21 +7,15 @@ from __future__ import annotations
 import base64
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import baseline_app  # noqa: E402
-import bodies  # noqa: E402
-import run_bench  # noqa: E402
-from gpu_stack_webhook.admission.review import parse_review  # noqa: E402
-from gpu_stack_webhook.policy.config import PolicyConfig, parse_config  # noqa: E402
-from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
+from gpu_stack_dev.bench import baseline_app, bodies, run_bench
+from gpu_stack_dev.paths import BENCH
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.server.app import AppConfig, create_app
 
 # The recordings are in the repository (tests/fixtures/README.md): absent, every test here fails.
 assert bodies.FIXTURES.is_dir(), f"recorded fixtures absent at {bodies.FIXTURES}"

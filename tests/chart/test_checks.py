@@ -7,8 +7,7 @@ import re
 from typing import Any
 
 import pytest
-
-from .chartlib import CHART, render
+from gpu_stack_dev.chartlib import CHART, render
 
 GPU = [{"name": "nvidia.com/gpu", "replicas": 2}]
 MIG_1G = [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]

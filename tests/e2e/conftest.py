@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

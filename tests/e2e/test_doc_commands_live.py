@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from doccommands import ROOT, Command, doc_commands, notes_commands
-
-from .e2elib import FAKE_WEBHOOK_IMAGE, E2ECluster, Release, Releases
+from gpu_stack_dev.e2e.e2elib import FAKE_WEBHOOK_IMAGE, E2ECluster, Release, Releases
 
 RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"  # what the documents type
 NODE = "docs-gpu-node"

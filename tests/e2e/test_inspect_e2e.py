@@ -16,9 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, chart_dashboards, render_chart
+from gpu_stack_dev.e2e.e2elib import E2ECluster
+from gpu_stack_dev.inspect_cluster import (
+    FINISHED_PODS,
+    NODES,
+    PENDING_POD,
+    PODS,
+    chart_configmap,
+    chart_dashboards,
+    render_chart,
+)
 
-from .e2elib import E2ECluster
 from .inspect_api import (
     api_client,
     apply_configmap,

@@ -27,10 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
+from gpu_stack_dev.e2e.fleet import (
+    NODE_BASE,
+    ChartSharing,
+    Fleet,
+    NodeSpec,
+    PublishedNode,
+    delete_pods,
+    plan,
+    wait_scheduled,
+)
 from kubernetes import client
 
-from .e2elib import E2ECluster, unique
-from .fleet import NODE_BASE, ChartSharing, Fleet, NodeSpec, PublishedNode, delete_pods, plan, wait_scheduled
 from .inspect_api import inspect
 
 pytestmark = pytest.mark.e2e

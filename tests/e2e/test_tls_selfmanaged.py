@@ -30,9 +30,8 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-
-from .e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases
-from .podrun import ChartContainer
+from gpu_stack_dev.e2e.e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases
+from gpu_stack_dev.e2e.podrun import ChartContainer
 
 STARTUP_SECONDS = 90
 

@@ -44,17 +44,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.e2e.fleet import (
+from gpu_stack_dev.e2e.fleet import (
     FULL_GPU,
     GPU_MODELS,
     MIG_RESOURCE_PREFIX,
     ChartSharing,
     FleetError,
     NodeSpec,
-    _sharing_of,
     mig_layout,
     mig_strategy,
 )
+from gpu_stack_dev.e2e.fleet_plan import _sharing_of
 
 HEALTHY = "Healthy"  # k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 constants.go
 UNHEALTHY = "Unhealthy"

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_stack_dev.chartlib import render
+from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 
-from tests.chart.chartlib import render
 from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT, NodePlugin, mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import write_health
-from tests.e2e.fleet import ChartSharing, NodeSpec, plan
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # (overlay, GPU model, GPUs): measured on a kubelet v1.36.2 node, capacity == allocatable == the fleet's.

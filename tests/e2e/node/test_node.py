@@ -7,8 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-import node
 import pytest
+from gpu_stack_dev import node
 
 
 def test_a_node_whose_kubelet_dies_fails_with_its_log_and_stops_everything(real_node: node.Node,

@@ -15,11 +15,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpu_stack_dev import paths
+
 VALIDATE_RATIO = 0.80
 MUTATE_RATIO = 0.70
 P99_MS = 6.0
 RSS_MB = 60.0
-SOAK = Path(__file__).resolve().parent / "soak.md"
+SOAK = paths.BENCH / "soak.md"
 
 
 def verdict(ok: bool) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import node
+from gpu_stack_dev import node
 
-from ..e2elib import ROOT, E2ECluster, Release
+from .e2elib import ROOT, E2ECluster, Release
 
 IMAGE = os.environ.get("E2E_IMAGE", "localhost/gpu-stack-webhook:e2e")
 IMAGE_ARCHIVE = Path(os.environ.get("E2E_IMAGE_ARCHIVE", ROOT / ".tools" / "images" / "gpu-stack-webhook-e2e.tar"))

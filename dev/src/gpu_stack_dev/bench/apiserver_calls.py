@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiserver_rounds import Latencies
+from gpu_stack_dev.bench.apiserver_rounds import Latencies
 
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"

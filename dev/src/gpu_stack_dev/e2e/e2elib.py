@@ -29,11 +29,8 @@ from typing import Any
 import yaml
 from gpu_stack_webhook.tls.certs import PkiFiles, write_loopback_pki
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "gpu-stack"
-EXAMPLES = ROOT / "Chart-values-examples"
-sys.path.insert(0, str(ROOT / "hack"))
-import controlplane  # noqa: E402
+from gpu_stack_dev import controlplane
+from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT
 
 WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 # The webhook image every release here names unless a test says otherwise: the chart refuses an install

@@ -23,9 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.e2e.e2elib import (  # noqa: E402
+from gpu_stack_dev.e2e.e2elib import (
     FAKE_WEBHOOK_IMAGE,
     E2ECluster,
     LiveWebhook,
@@ -33,6 +31,7 @@ from tests.e2e.e2elib import (  # noqa: E402
     controlplane,
     unique,
 )
+from gpu_stack_dev.paths import ROOT
 
 MANIFESTS = ROOT / "hack" / "demo" / "manifests"
 OVERLAY = "per-node-configs.yaml"

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from gpu_stack_dev.paths import ROOT as REPO_ROOT
+
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36" / "admission-requests"
 ENDPOINTS = ("validate", "mutate")
 MPS_ANNOTATION = "gpu-stack.io/mps"

@@ -16,7 +16,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from gpu_stack_dev.paths import ROOT as REPO_ROOT
+
 STAMP_PREFIX = "Run: "
 # What the bench itself writes while it runs: a change there is the run's output, not code measured.
 OUTPUTS = ("BENCHMARKS.md", "bench/flamegraphs", "bench/soak.md", "bench/inspect-scale.md")

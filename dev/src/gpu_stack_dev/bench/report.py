@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import provenance
-import targets
+from gpu_stack_dev import paths
+from gpu_stack_dev.bench import provenance, targets
 
-INSPECT_SCALE = Path(__file__).resolve().parent / "inspect-scale.md"
+INSPECT_SCALE = paths.BENCH / "inspect-scale.md"
 
 
 def _ms(us: float) -> str:

@@ -17,9 +17,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "gpu-stack"
-EXAMPLES = ROOT / "Chart-values-examples"
+from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT
+
 RELEASE = "t"
 NAMESPACE = "gpu-stack"
 FULLNAME = f"{RELEASE}-gpu-stack"
