@@ -76,7 +76,7 @@ def test_an_included_file_with_its_own_markers_keeps_one_pair_and_names_its_run(
     path.write_text("\n".join(["<!-- inspect-scale:begin (bench/inspect_scale.py --report) -->",
                                "## `kubectl gpu-stack inspect` at scale", "", *stamp, "| table |",
                                "<!-- inspect-scale:end -->", ""]), encoding="utf-8")
-    scale = "\n".join(report._included("inspect-scale", "make bench-inspect", path, "x"))
+    scale = "\n".join(report.included("inspect-scale", "make bench-inspect", path, "x"))
     assert scale.count("<!-- inspect-scale:begin") == 1 and scale.count("<!-- inspect-scale:end -->") == 1
     rows = provenance.sources(scale)
     assert len(rows) == 1

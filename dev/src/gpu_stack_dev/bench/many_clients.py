@@ -34,6 +34,8 @@ from pathlib import Path
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 from gpu_stack_dev.bench import bodies, provenance, report, run_bench
+from gpu_stack_dev.bench import servers as servers_
+from gpu_stack_dev.bench import wrk as wrk_
 
 CLIENTS = (8, 50, 100, 200)
 BEGIN = "<!-- many-clients:begin (bench/many_clients.py) -->"
@@ -75,26 +77,26 @@ class SilentConnections:
 
 @dataclass
 class Cell:
-    runs: list[run_bench.Run] = field(default_factory=list)
+    runs: list[wrk_.Run] = field(default_factory=list)
     silent_failed: int = 0
 
     @property
     def rps(self) -> float:
-        return run_bench.median([r.rps for r in self.runs])
+        return wrk_.median([r.rps for r in self.runs])
 
     @property
     def worst_ms(self) -> float:
         return max((r.latency_us["max"] for r in self.runs), default=0.0) / 1000
 
     def p99_ms(self) -> float:
-        return run_bench.median([r.latency_us["p99"] for r in self.runs]) / 1000
+        return wrk_.median([r.latency_us["p99"] for r in self.runs]) / 1000
 
     @property
     def errors(self) -> int:
         return sum(r.errors for r in self.runs)
 
 
-def measure(wrk: run_bench.Wrk, targets: list[tuple[str, run_bench.Server, Path]], rounds: int,
+def measure(wrk: wrk_.Wrk, targets: list[tuple[str, servers_.Server, Path]], rounds: int,
             seconds: float) -> dict[str, dict[int, Cell]]:
     cells: dict[str, dict[int, Cell]] = {name: {n: Cell() for n in CLIENTS} for name, _, _ in targets}
     for i in range(rounds):
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one round of 1 s per cell (smoke test)")
     args = parser.parse_args(argv)
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
-    wrk_binary = run_bench.ensure_wrk()
+    wrk_binary = servers_.ensure_wrk()
     run_bench.enter_netns()
     with tempfile.TemporaryDirectory(prefix="gpu-stack-many-") as tmp_name:
         tmp = Path(tmp_name)
@@ -168,22 +170,22 @@ def main(argv: list[str] | None = None) -> int:
                                                             True)], tmp / "bodies", ep) for ep in bodies.ENDPOINTS}
         tls = ["--cert", str(tmp / "tls.crt"), "--key", str(tmp / "tls.key")]
         sizing = ["--workers", "2", "--threads", "4"]
-        servers: dict[str, run_bench.Server] = {}
+        servers: dict[str, servers_.Server] = {}
 
-        def server(name: str, argv: list[str]) -> run_bench.Server:
-            port = run_bench.free_port()
-            servers[name] = run_bench.Server(name, [*argv, *tls, *sizing, "--bind", f"127.0.0.1:{port}"], port,
+        def server(name: str, argv: list[str]) -> servers_.Server:
+            port = servers_.free_port()
+            servers[name] = servers_.Server(name, [*argv, *tls, *sizing, "--bind", f"127.0.0.1:{port}"], port,
                                              tmp / "ca.crt", tmp / f"{name.split(maxsplit=1)[0]}-{port}.log")
             return servers[name]
 
         baseline = [sys.executable, str(run_bench.BENCH_DIR / "baseline_app.py")]
         stock = server("bare (stock gthread)", [*baseline, "--stock-gthread"])
         bare = server("bare", baseline)
-        hook = server("webhook", [str(run_bench.VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(policy),
+        hook = server("webhook", [str(servers_.VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(policy),
                                   "--log-level", "warning"])
         targets = [("bare (stock gthread)", stock, manifests["validate"]), ("bare", bare, manifests["validate"]),
                    ("validate", hook, manifests["validate"]), ("mutate", hook, manifests["mutate"])]
-        wrk = run_bench.Wrk(wrk_binary, tmp)
+        wrk = wrk_.Wrk(wrk_binary, tmp)
         try:
             for s in servers.values():
                 s.start()

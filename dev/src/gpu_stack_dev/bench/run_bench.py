@@ -32,38 +32,27 @@ import os
 import platform
 import shutil
 import signal
-import socket
-import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import timeit
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from gpu_stack_webhook.admission.decide import Endpoint
-from gpu_stack_webhook.admission.pipeline import answer
-from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
-from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES
 from gpu_stack_webhook.settings import load_settings
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 from gpu_stack_dev import paths
-from gpu_stack_dev.bench import bodies, flamegraph, profile_summary, report
+from gpu_stack_dev.bench import bodies, flamegraph, profile_summary, report, report_http
+from gpu_stack_dev.bench.inprocess import SIZES, distinct_patches, inprocess_rules, inprocess_sizes, rules_config
+from gpu_stack_dev.bench.servers import VENV_BIN, Server, chart_policy, ensure_wrk, free_port
+from gpu_stack_dev.bench.wrk import Wrk, alternate
 from gpu_stack_dev.paths import ROOT as REPO_ROOT
 
 BENCH_DIR = paths.BENCH
-VENV_BIN = Path(sys.executable).parent
-LUA = BENCH_DIR / "mix.lua"
 NETNS_ENV = "GPU_STACK_BENCH_NETNS"
-TICKS = os.sysconf("SC_CLK_TCK")
-SIZES = (1, 10, 50, 200)
 
 
 @dataclass(frozen=True)
@@ -94,369 +83,10 @@ class Plan:
 # --- processes and /proc --------------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            text = (task / "children").read_text()
-            out.extend(int(p) for p in text.split())
-    return out
-
-
-def _cpu_ticks(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
-
-
-def _status_kb(pid: int, key: str) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _pss_kb(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    return 0
-
-
-def passive_opens() -> int:
-    lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines() if line.startswith("Tcp:")]
-    return int(lines[1][lines[0].index("PassiveOpens")])
-
-
-def _established_inodes(port: int) -> set[str]:
-    """Socket inodes of the ESTABLISHED TCP connections whose local port is `port` (this network namespace)."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                cols = line.split()
-                if len(cols) > 9 and cols[3] == "01" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(cols[9])
-    return inodes
-
-
-def worker_connections(pid: int, workers: list[int], port: int) -> dict[int, int]:
-    """Established client connections each worker holds: its /proc/PID/fd sockets that are ESTABLISHED
-    connections to `port` (the master's listening sockets and idle fds are not counted)."""
-    established = _established_inodes(port)
-    out: dict[int, int] = {}
-    for worker in workers:
-        count = 0
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{worker}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    link = os.readlink(fd)
-                    if link.startswith("socket:[") and link[8:-1] in established:
-                        count += 1
-        out[worker] = count
-    return out
-
-
-def chart_policy(values: Path | None = None) -> str:
-    """The policy the chart serves (`helm template`, ConfigMap <release>-webhook-policy) with its default
-    values plus `values`: what `helm install gpu-stack charts/gpu-stack [-f values]` runs, e.g. with
-    injectRuntimeClassName: nvidia."""
-    helm = subprocess.run([str(REPO_ROOT / "hack" / "ensure-helm.sh"), "3"], capture_output=True, text=True,
-                          check=True).stdout.strip().splitlines()[-1]
-    rendered = subprocess.run([helm, "template", "gpu-stack", str(REPO_ROOT / "charts" / "gpu-stack"),
-                               *(["-f", str(values)] if values else [])],
-                              capture_output=True, text=True, check=True).stdout
-    for doc in yaml.safe_load_all(rendered):
-        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-webhook-policy"):
-            return str(doc["data"]["policy.yaml"])
-    raise RuntimeError("the chart rendered no webhook policy ConfigMap")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    name: str
-    argv: list[str]
-    port: int
-    ca_file: Path
-    log: Path
-    expected_workers: int = 1
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, cwd=REPO_ROOT)
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as raw, \
-                        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                    tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    if tls.recv(64).startswith(b"HTTP/1.1 200") and len(self.workers()) >= self.expected_workers:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} did not answer /healthz within 60 s; log: {self.log}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def workers(self) -> list[int]:
-        return _children(self.pid)
-
-    def connections(self) -> dict[int, int]:
-        """Established client connections per worker pid (see worker_connections)."""
-        return worker_connections(self.pid, self.workers(), self.port)
-
-    def cpu_ticks(self) -> int:
-        return _cpu_ticks(self.pid) + sum(_cpu_ticks(w) for w in self.workers())
-
-    def memory(self) -> dict[str, Any]:
-        workers = self.workers()
-        return {
-            "master_rss_kb": _status_kb(self.pid, "VmRSS"),
-            "master_pss_kb": _pss_kb(self.pid),
-            "workers": [{"pid": w, "rss_kb": _status_kb(w, "VmRSS"), "pss_kb": _pss_kb(w)} for w in workers],
-        }
-
-
 # --- wrk ----------------------------------------------------------------------------------------------
 
 
-def ensure_wrk() -> str:
-    found = shutil.which("wrk")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        print("wrk not found: installing it with apt-get (Debian package `wrk`)", flush=True)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        if subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], env=env, check=False,
-                          stdout=subprocess.DEVNULL).returncode != 0:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, stdout=subprocess.DEVNULL)
-            subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], env=env, check=True,
-                           stdout=subprocess.DEVNULL)
-        found = shutil.which("wrk")
-        if found:
-            return found
-    sys.exit("make bench needs wrk (the HTTP load generator, https://github.com/wg/wrk): install it with "
-             "`sudo apt-get install wrk` (Debian/Ubuntu) or your package manager, then run `make bench` again.")
-
-
-@dataclass
-class Run:
-    target: str
-    requests: int
-    seconds: float
-    errors: int
-    latency_us: dict[str, float]
-    late: int
-    worst_late_ms: float
-    cpu_s: float
-    connections: int
-    rate: int = 0
-    # Established client connections per worker, sampled in the middle of the run (/proc/PID/fd).
-    spread: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-    @property
-    def cpu_us_per_review(self) -> float:
-        return 1e6 * self.cpu_s / self.requests if self.requests else 0.0
-
-
-@dataclass
-class Wrk:
-    binary: str
-    workdir: Path
-    threads: int = 1
-    runs: list[Run] = field(default_factory=list)
-
-    def run(self, target: str, server: Server, manifest: Path, seconds: float, connections: int,
-            rate: int = 0) -> Run:
-        result = self.workdir / "wrk-result.json"
-        result.unlink(missing_ok=True)
-        duration = max(1, round(seconds)) + (1 if rate else 0)  # paced: mix.lua starts its schedule 0.5 s in
-        argv = [self.binary, f"-t{self.threads}", f"-c{connections}", f"-d{duration}s", "--timeout", "10s",
-                "-s", str(LUA), server.url, "--", str(manifest), str(rate), str(self.threads)]
-        cpu0, opens0 = server.cpu_ticks(), passive_opens()
-        proc = subprocess.Popen(argv, env={**os.environ, "BENCH_RESULT": str(result)}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        spread: dict[int, int] = {}
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=duration / 2 + 0.5)
-        if proc.poll() is None:
-            spread = server.connections()
-        try:
-            stdout, stderr = proc.communicate(timeout=seconds + 60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        cpu1, opens1 = server.cpu_ticks(), passive_opens()
-        if proc.returncode != 0 or not result.is_file():
-            raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr or stdout}")
-        data = json.loads(result.read_text())
-        run = Run(
-            target=target, requests=data["requests"], seconds=data["duration_us"] / 1e6,
-            errors=sum(data["errors"].values()), latency_us=data["latency_us"], late=data["late"],
-            worst_late_ms=data["worst_late_ms"], cpu_s=(cpu1 - cpu0) / TICKS, connections=opens1 - opens0,
-            rate=rate, spread=spread,
-        )
-        self.runs.append(run)
-        return run
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
-@dataclass
-class Summary:
-    target: str
-    runs: list[Run]
-
-    def med(self, fn: Callable[[Run], float]) -> float:
-        return median([fn(r) for r in self.runs])
-
-    @property
-    def requests(self) -> int:
-        return sum(r.requests for r in self.runs)
-
-    @property
-    def errors(self) -> int:
-        return sum(r.errors for r in self.runs)
-
-    @property
-    def connections(self) -> int:
-        return sum(r.connections for r in self.runs)
-
-    @property
-    def late(self) -> int:
-        return sum(r.late for r in self.runs)
-
-
-def merged(runs: list[Run]) -> Run:
-    """The runs of one server in one round as one: counts, time and CPU added up; each latency
-    percentile the slowest run's; the spread of the first run that sampled one."""
-    first = runs[0]
-    return Run(
-        target=first.target, requests=sum(r.requests for r in runs), seconds=sum(r.seconds for r in runs),
-        errors=sum(r.errors for r in runs),
-        latency_us={key: max(r.latency_us[key] for r in runs) for key in first.latency_us},
-        late=sum(r.late for r in runs), worst_late_ms=max(r.worst_late_ms for r in runs),
-        cpu_s=sum(r.cpu_s for r in runs), connections=sum(r.connections for r in runs), rate=first.rate,
-        spread=next((r.spread for r in runs if r.spread), {}),
-    )
-
-
-def alternate(wrk: Wrk, targets: list[tuple[str, Server, Path]], rounds: int, seconds: float,
-              connections: int, rate: int = 0, slices: int = 1) -> dict[str, Summary]:
-    """`rounds` rounds of `seconds` per target, the order reversed every other round. With `slices` > 1 a
-    round gives each target its time as that many runs in mirrored order (A B C C B A for two), merged
-    into one: the machine's speed drifts between runs by more than the differences measured here, and a
-    drift that is linear over the round then falls on every target alike."""
-    out: dict[str, Summary] = {name: Summary(name, []) for name, _, _ in targets}
-    for i in range(rounds):
-        order = targets if i % 2 == 0 else list(reversed(targets))
-        parts: dict[str, list[Run]] = {name: [] for name, _, _ in targets}
-        for k in range(slices):
-            for name, server, manifest in (order if k % 2 == 0 else list(reversed(order))):
-                parts[name].append(wrk.run(name, server, manifest, seconds / slices, connections, rate))
-        for name, _, _ in order:
-            run = merged(parts[name])
-            out[name].runs.append(run)
-            label = f"{rate}/s" if rate else "saturation"
-            print(f"  round {i + 1} {name:9} {label:10} {run.rps:8.0f} req/s"
-                  f"  p50 {run.latency_us['p50'] / 1000:6.2f} ms"
-                  f"  p99 {run.latency_us['p99'] / 1000:6.2f} ms  p99.9 {run.latency_us['p999'] / 1000:6.2f} ms"
-                  f"  cpu {run.cpu_us_per_review:5.0f} µs/review  errors {run.errors}  conns {run.connections}"
-                  f"  late {run.late}  per worker {sorted(run.spread.values())}", flush=True)
-    return out
-
-
 # --- in-process sweeps ---------------------------------------------------------------------------------
-
-
-def _median_us(fn: Callable[[], object], number: int, rounds: int = 7) -> float:
-    return statistics.median(timeit.repeat(fn, number=number, repeat=rounds)) / number * 1e6
-
-
-def inprocess_sizes(number: int) -> list[dict[str, Any]]:
-    policy = Policy(PolicyConfig())
-    rows = []
-    for n in SIZES:
-        review = bodies.scaled_pod("validate", n)
-        data = json.dumps(review, separators=(",", ":")).encode()
-        obj = review["request"]["object"]
-        reps = max(3, number // n)
-        evaluate = _median_us(lambda obj=obj: policy.evaluate(obj, "Pod"), reps)
-        parse = _median_us(lambda data=data: json.loads(data), reps)
-        full = _median_us(lambda data=data: answer(Endpoint.VALIDATE, data, policy).body, reps)
-        rows.append({"containers": n, "bytes": len(data), "evaluate_us": evaluate, "json_loads_us": parse,
-                     "review_us": full})
-    return rows
-
-
-def rules_config(enabled: int) -> dict[str, Any]:
-    return {"rules": {"disabled": [r.id for r in RULES[enabled:]]}}
-
-
-def inprocess_rules(number: int) -> list[dict[str, Any]]:
-    mix = [json.loads(b.data) for b in bodies.mix("validate")]
-    objects = [(m["request"]["object"], m["request"]["kind"]["kind"]) for m in mix]
-    rows = []
-    for k in range(1, len(RULES) + 1):
-        policy = Policy(parse_config(rules_config(k)))
-
-        def evaluate(policy: Policy = policy) -> None:
-            for obj, kind in objects:
-                policy.evaluate(obj, kind)
-
-        rows.append({"rules": k, "ids": [r.id for r in RULES[:k]],
-                     "evaluate_us": _median_us(evaluate, max(3, number // 5)) / len(objects)})
-    return rows
-
-
-def distinct_patches(mutate: list[bodies.Body], policy_text: str) -> int:
-    """How many different JSONPatches the webhook answers over the /mutate bodies (in-process): the
-    fewer, the more often its diff memo and last-encoded-patch cache hit in the mix."""
-    policy = Policy(parse_config(yaml.safe_load(policy_text) or {}))
-    patches = set()
-    for body in mutate:
-        response = json.loads(answer(Endpoint.MUTATE, bodies.stamp(body.data, 1), policy).body)["response"]
-        if "patch" in response:
-            patches.add(response["patch"])
-    return len(patches)
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -659,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         results["elapsed_s"] = time.monotonic() - started
         results["loadavg_after"] = os.getloadavg()
 
-    text = report.render(results, " ".join(["make bench" if not argv and not sys.argv[1:] else
+    text = report_http.render(results, " ".join(["make bench" if not argv and not sys.argv[1:] else
                                              "bench/run_bench.py " + " ".join(sys.argv[1:])]),
                          args.out.resolve().parent)
     old = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_dev.bench import apiserver_calls as calls_
-from gpu_stack_dev.bench import apiserver_load as load_
-from gpu_stack_dev.bench import provenance, report
+from gpu_stack_dev.bench import apiserver_plane, apiserver_webhooks, provenance, report
 from gpu_stack_dev.e2e import apiload, e2elib, fleet
 from gpu_stack_dev.paths import ROOT
 
@@ -200,7 +199,7 @@ async def one_batch(url: str, context: Any, token: str, namespace: str, run: Sca
                     config_label: str, timeout: float, quiet: list[int]) -> None:
     async with apiload.session(context, concurrency, timeout=120) as client:
         await clear(client, url, token, namespace)
-        load_.settle(quiet)
+        apiserver_plane.settle(quiet)
         began = time.perf_counter()
         created = asyncio.create_task(apiload.create_batch(client, url, token, namespace, run.pods, concurrency,
                                                            lambda i: pod_at(i, config_label)))
@@ -241,15 +240,15 @@ def measure(plane: Any, tmp: Path, nodes: int, pods: int, rounds: int, concurren
         url, context = apiload.api_server(cluster)
         admin = apiload.loader_token(cluster, namespace)
         asyncio.run(publish_nodes(url, context, cluster_admin_token(cluster), planned))
-        ours.start(release, extra_args=load_.SIZING)
+        ours.start(release, extra_args=apiload.SIZING)
         assert ours.process is not None
-        quiet = [*load_.plane_pids(plane).values(), ours.process.pid]
+        quiet = [*apiserver_plane.plane_pids(plane).values(), ours.process.pid]
         apiload.point_at(cluster, ours, release, namespace, denies=True)
-        saved = load_.webhook_configurations(cluster, release)
+        saved = apiserver_webhooks.webhook_configurations(cluster, release)
         for i in range(1, rounds + 1):
             order = (OFF, ON) if i % 2 else (ON, OFF)
             for state in order:
-                load_.set_webhook(cluster, release, saved, namespace, state)
+                apiserver_webhooks.set_webhook(cluster, release, saved, namespace, state)
                 run = ScaleRun(round=i, state=state, pods=pods)
                 asyncio.run(one_batch(url, context, admin, namespace, run, concurrency, sharing.config_label,
                                       timeout, quiet))
@@ -257,7 +256,7 @@ def measure(plane: Any, tmp: Path, nodes: int, pods: int, rounds: int, concurren
                 print(f"  round {i} {state:34} {run.created}/{pods} created in {run.create_seconds:.1f} s, "
                       f"decided in {run.decided_seconds:.1f} s: {run.bound} bound, {run.unschedulable} "
                       f"unschedulable" + (f", refused {run.failures}" if run.failures else ""), flush=True)
-        load_.set_webhook(cluster, release, saved, namespace, ON)
+        apiserver_webhooks.set_webhook(cluster, release, saved, namespace, ON)
     finally:
         ours.stop()
         releases.cleanup()

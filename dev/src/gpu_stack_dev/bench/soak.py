@@ -38,14 +38,16 @@ from pathlib import Path
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 from gpu_stack_dev.bench import bodies, many_clients, provenance
-from gpu_stack_dev.bench.run_bench import VENV_BIN, Run, Server, Wrk, _status_kb, ensure_wrk, free_port
+from gpu_stack_dev.bench.procfs import status_kb
+from gpu_stack_dev.bench.servers import VENV_BIN, Server, ensure_wrk, free_port
+from gpu_stack_dev.bench.wrk import Run, Wrk
 
 MAX_RSS_GROWTH = 0.05
 MANY_MAX_MS = 1000.0
 
 
 def rss_kb(server: Server) -> dict[int, int]:
-    return {pid: _status_kb(pid, "VmRSS") for pid in sorted(server.workers())}
+    return {pid: status_kb(pid, "VmRSS") for pid in sorted(server.workers())}
 
 
 def run_many_clients(wrk: Wrk, server: Server, manifest: Path, clients: int,
