@@ -3,7 +3,7 @@
 
 With a control plane at hand (GPU_STACK_E2E_CLUSTER=existing + KUBECONFIG, KUBEBUILDER_ASSETS,
 .tools/envtest, or ../shared/envtest prepared by hack/envtest-assets.sh: see hack/controlplane.py),
-hack/demo_live.py installs the chart and runs real kubectl against it. Without one, the offline demo:
+gpu_stack_dev.demo_live installs the chart and runs real kubectl against it. Without one, the offline demo:
 
 1. Renders charts/gpu-stack with real Helm for the defaults and every Chart-values-examples/ overlay.
 2. Takes the webhook policy ConfigMap from the per-node-configs render (exclusive, time-slicing,

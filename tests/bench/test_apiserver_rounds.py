@@ -1,4 +1,4 @@
-"""The bookkeeping of bench/apiserver_load.py (bench/apiserver_rounds.py): rotation order, per-round
+"""The bookkeeping of bench/apiserver_load.py (gpu_stack_dev.bench.apiserver_rounds): rotation order, per-round
 ratios, their median and worst, the verdict and the rendered section. No cluster, no timing."""
 
 from __future__ import annotations

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import gpu_stack_dev
+import gpu_stack_webhook
 from gpu_stack_dev.paths import ROOT
 
 PACKAGE = Path(gpu_stack_dev.__file__).resolve().parent
@@ -32,3 +37,18 @@ def test_no_python_file_edits_the_import_path() -> None:
                  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                  if SYS_PATH_EDIT.search(line) and p != Path(__file__).resolve()]
     assert offenders == []
+
+
+def test_the_webhook_importing_the_dev_package_breaks_the_import_contract(tmp_path: Path) -> None:
+    """lint-imports on a copy of the webhook package (first on the path) whose top module imports gpu_stack_dev."""
+    copy = tmp_path / "gpu_stack_webhook"
+    shutil.copytree(Path(gpu_stack_webhook.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    init = copy / "__init__.py"
+    init.write_text("import gpu_stack_dev\n" + init.read_text(encoding="utf-8"), encoding="utf-8")
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=300,
+        check=False)
+    assert result.returncode != 0
+    assert "The webhook never imports the development machinery BROKEN" in result.stdout, result.stdout
+    assert "gpu_stack_webhook -> gpu_stack_dev" in result.stdout

@@ -2,7 +2,7 @@
 
     python hack/netns.py run -- CMD [ARG...]
 
-`make e2e` runs its tests this way (as root), so that the real node some of them start (hack/node.py:
+`make e2e` runs its tests this way (as root), so that the real node some of them start (gpu_stack_dev.node:
 kubelet, containerd, gVisor sandboxes, a CNI bridge, kube-proxy's iptables rules) and every control plane
 listen and dial only inside a namespace this run created, never in the machine's own:
 - a new network namespace with only `lo` (up): loopback traffic stays in it, the pods' namespaces hang off

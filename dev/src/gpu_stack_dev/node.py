@@ -92,7 +92,8 @@ class Node:
 
     def run_in_netns(self, cmd: list[str], **popen: object) -> subprocess.Popen[bytes]:
         """Start a process beside the node (this process already runs in the node's network namespace)."""
-        return subprocess.Popen(cmd, **popen)  # type: ignore[call-overload]
+        proc: subprocess.Popen[bytes] = subprocess.Popen(cmd, **popen)  # type: ignore[call-overload]
+        return proc
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> Node:

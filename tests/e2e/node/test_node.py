@@ -1,4 +1,4 @@
-"""The node harness itself (hack/node.py), where a user of `make e2e` meets it: a node that cannot come up
+"""The node harness itself (gpu_stack_dev.node), where a user of `make e2e` meets it: a node that cannot come up
 fails with the last lines of the kubelet's and containerd's logs, and leaves no process behind."""
 
 from __future__ import annotations

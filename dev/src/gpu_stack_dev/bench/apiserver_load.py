@@ -6,8 +6,8 @@
 
 The `make e2e` control plane (hack/controlplane.py: etcd + kube-apiserver + kube-controller-manager
 v1.36) with the chart installed (default values). A ServiceAccount token POSTs two-container GPU pods
-with `generateName` (tests/e2e/apiload.py), `--creates` per run at 50 and at 100 in flight. Targets
-(bench/apiserver_rounds.py), every one in every round, the order rotated by one each round:
+with `generateName` (gpu_stack_dev.e2e.apiload), `--creates` per run at 50 and at 100 in flight. Targets
+(gpu_stack_dev.bench.apiserver_rounds), every one in every round, the order rotated by one each round:
 
 * `no webhook`: a namespace labelled with the chart's opt-out label, so the API server calls nothing;
 * `bare allow-all`: the release's two webhook configurations pointed at bench/baseline_app.py;
@@ -25,7 +25,7 @@ the API server / etcd / webhook server from /proc, webhook calls per pod, Go GC 
 (its /metrics) and etcd compactions (etcd's /metrics). The section is written into --out between
 markers, replacing the previous one.
 
-Second part (issue 25 item 6; bench/apiserver_calls.py), same control plane and release, configurations
+Second part (issue 25 item 6; gpu_stack_dev.bench.apiserver_calls), same control plane and release, configurations
 pointed at our webhook: `--calls-creates` mixed creates (every 10th pod asks for a GPU, the rest none)
 under (a) the chart's rendered configurations with every matchConditions removed and (b) as the chart
 renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_stack_dev import controlplane
 from gpu_stack_dev.bench import apiserver_calls as calls_
 from gpu_stack_dev.bench import apiserver_rounds as rounds_
 from gpu_stack_dev.bench import many_clients, provenance
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         stamp = provenance.stamp(command)  # the checkout measured, before the run writes anything
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="gpu-stack-apiload-") as tmp_name, \
-                e2elib.controlplane.connect(prepare=True) as plane:
+                controlplane.connect(prepare=True) as plane:
             runs, answer, calls_result = measure(plane, Path(tmp_name), creates, rounds, args.concurrency,
                                                  measured_targets, calls_plan)
         meta = {"command": command, "stamp": stamp,

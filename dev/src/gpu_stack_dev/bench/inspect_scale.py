@@ -8,7 +8,7 @@ and its request count taken from its own -v line.
 which writes bench/inspect-scale.md (appended to BENCHMARKS.md by every `make bench`) and replaces the
 same section in BENCHMARKS.md now. tests/e2e/test_inspect_scale.py runs `populate` and asserts the output.
 
-Cluster shape: nodes cycle through the four kinds of tests/inspect/inspect_cluster.py (exclusive A100 x2,
+Cluster shape: nodes cycle through the four kinds of gpu_stack_dev.inspect_cluster (exclusive A100 x2,
 time-sliced T4 x2 (x4), MPS L4 (x10), MIG mixed A100 all-balanced). Every node gets pods/nodes pods: two
 that hold one GPU resource each, one Succeeded pod that held one (filtered out by the server), the rest
 CPU-only; spread over 20 namespaces. Objects are POSTed by a thread pool as pre-built JSON.
@@ -102,7 +102,7 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
     from kubernetes import client, config  # noqa: PLC0415
 
     configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = workers
     api = client.ApiClient(configuration)
     # The client's urllib3 pool (TLS and credentials from the kubeconfig), fed pre-serialised JSON.
@@ -146,7 +146,7 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
     requests += 2 * nodes + pods + sum(1 for _, phase in pod_objects if phase)
     elapsed = time.perf_counter() - started
     version = json.loads(http.request("GET", host + "/version", headers=headers).data).get("gitVersion", "?")
-    api.close()
+    api.close()  # type: ignore[no-untyped-call]
     return Populated(nodes, pods, requests, elapsed, version, load)
 
 

@@ -36,6 +36,7 @@ from gpu_stack_webhook.tls.certs import write_loopback_pki
 from gpu_stack_dev.bench import bodies, provenance, report, run_bench
 from gpu_stack_dev.bench import servers as servers_
 from gpu_stack_dev.bench import wrk as wrk_
+from gpu_stack_dev.paths import ROOT
 
 CLIENTS = (8, 50, 100, 200)
 BEGIN = "<!-- many-clients:begin (bench/many_clients.py) -->"
@@ -153,7 +154,7 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=run_bench.REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="one round of 1 s per cell (smoke test)")

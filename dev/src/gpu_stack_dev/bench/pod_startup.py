@@ -3,8 +3,8 @@
     python hack/netns.py run -- .venv/bin/python bench/pod_startup.py [--pods 20 --rounds 3]
     (make bench runs it so, after make e2e-image)
 
-A control plane and a real node (hack/node.py: kubelet, containerd + gVisor) with the chart installed as the
-node tests install it (tests/e2e/node/install.py: per-node-configs, the image `make image` built), its two
+A control plane and a real node (gpu_stack_dev.node: kubelet, containerd + gVisor) with the chart installed as the
+node tests install it (gpu_stack_dev.e2e.node_install: per-node-configs, the image `make image` built), its two
 webhook pods Ready. Per round and state, N pods without GPUs (busybox `sleep`, what most pods of a GPU
 cluster are) are created at once, and each pod's time from its create call to the first time it is seen
 Running is taken; then they are deleted. "on": the chart's two webhook configurations in place (their
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_stack_dev import netns, node
+from gpu_stack_dev import controlplane, netns, node
 from gpu_stack_dev.bench import provenance, report
 from gpu_stack_dev.e2e import e2elib
 from gpu_stack_dev.e2e import node_install as install
@@ -96,7 +96,7 @@ def one_batch(cluster: e2elib.E2ECluster, namespace: str, run: StartupRun, pods:
                          "containers": [{"name": "main", "image": node.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                                          "command": ["sleep", "3600"]}]}}
         began = time.perf_counter()
-        api.create_namespaced_pod(namespace, body, _preload_content=False)
+        api.create_namespaced_pod(namespace, body, _preload_content=False)  # type: ignore[arg-type]
         with lock:
             created[name] = began
 
@@ -110,7 +110,7 @@ def one_batch(cluster: e2elib.E2ECluster, namespace: str, run: StartupRun, pods:
     while len(running) < pods:
         if time.perf_counter() - first > timeout:
             raise TimeoutError(f"{pods - len(running)} pods not Running after {timeout:.0f} s ({run.state})")
-        listed = json.loads(api.list_namespaced_pod(namespace, _preload_content=False).data)
+        listed = json.loads(api.list_namespaced_pod(namespace, _preload_content=False).data)  # type: ignore[attr-defined]
         seen = time.perf_counter()
         for pod in listed["items"]:
             name = pod["metadata"]["name"]
@@ -167,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "make bench" if not given else "bench/pod_startup.py " + " ".join(given)
     stamp = provenance.stamp(command)
     started = time.monotonic()
-    assets = e2elib.controlplane.resolve_assets(prepare=True)
+    assets = controlplane.resolve_assets(prepare=True)
     assert assets is not None
-    with e2elib.controlplane.ControlPlane(assets, node_ip=node.NODE_IP) as plane, node.Node(plane) as real, \
+    with controlplane.ControlPlane(assets, node_ip=node.NODE_IP) as plane, node.Node(plane) as real, \
             tempfile.TemporaryDirectory(prefix="gpu-stack-startup-") as tmp:
         real.load_image(install.IMAGE_ARCHIVE)
         cluster = e2elib.E2ECluster.from_controlplane(plane, Path(tmp))

@@ -54,7 +54,7 @@ def file_origin(path: Path) -> str:
     return f"{rel}, last changed at commit {sha} ({date})" + (" + uncommitted changes" if dirty else "")
 
 
-# The blocks bench/report.py derives from the parts (refresh_sources): not parts themselves.
+# The blocks gpu_stack_dev.bench.report derives from the parts (refresh_sources): not parts themselves.
 GENERATED = ("sources", "targets-summary", "parts")
 _MARKED = re.compile(r"<!-- (?P<name>[\w-]+):begin(?P<rest>[^>]*)-->(?P<body>.*?)<!-- (?P=name):end -->", re.DOTALL)
 _HEADING = re.compile(r"^## (.+)$", re.MULTILINE)

@@ -10,7 +10,7 @@ What runs (all on 127.0.0.1, in a private network namespace when root so the TCP
 * the baseline: bench/baseline_app.py, a bare WSGI app that parses the body and allows, served by the
   same gunicorn settings (gunicorn_conf.settings) and the same certificate.
 
-wrk (bench/mix.lua) replays bodies of bench/bodies.py over persistent TLS connections. The headline and
+wrk (bench/mix.lua) replays bodies of gpu_stack_dev.bench.bodies over persistent TLS connections. The headline and
 the targets: the pod mix (`bodies.pod_mix`: 3,000 pod CREATEs of 60 shapes, 70% without GPU, uid and
 name unique per request), judged with the policy the chart renders for Chart-values-examples/
 per-node-configs.yaml (exclusive, time-sliced, MPS and MIG nodes); beside it the same rounds on one

@@ -4,7 +4,7 @@
 
 1. starts `gpu-stack-webhook serve` over TLS (workers/threads as deployed, or $GPU_STACK_WEBHOOK_*),
 2. measures capacity: wrk closed loop for --capacity-seconds over the /validate + /mutate mix of
-   bench/bodies.py (skipped with --rate),
+   gpu_stack_dev.bench.bodies (skipped with --rate),
 3. warms up for --warmup seconds at half of it, then samples the RSS of every worker,
 4. runs wrk paced at that rate (bench/mix.lua keeps a fixed send schedule) for --seconds
    ($SOAK_SECONDS through make),

@@ -68,8 +68,8 @@ def connect(prepare: bool = False, keep: bool = False) -> Iterator[Cluster]:
         if not kubeconfig or not Path(kubeconfig.split(os.pathsep)[0]).is_file():
             raise ControlPlaneError("GPU_STACK_E2E_CLUSTER=existing needs KUBECONFIG to name a kubeconfig file "
                                     f"(KUBECONFIG={kubeconfig!r})")
-        assets = os.environ.get("KUBEBUILDER_ASSETS")
-        local = Path(assets) if assets else ROOT / ".tools" / "envtest"
+        given = os.environ.get("KUBEBUILDER_ASSETS")
+        local = Path(given) if given else ROOT / ".tools" / "envtest"
         kubectl = local / "kubectl" if (local / "kubectl").exists() else shutil.which("kubectl") or "kubectl"
         helm = local / "helm" if (local / "helm").exists() else None
         yield Cluster(kind="existing", kubeconfig=Path(kubeconfig.split(os.pathsep)[0]), kubectl=str(kubectl),

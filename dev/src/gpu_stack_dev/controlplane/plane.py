@@ -35,7 +35,7 @@ from gpu_stack_dev.controlplane.pki import Pki, write_kubeconfig, write_pki
 
 class ControlPlane:
     def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None) -> None:
-        """`node_ip`: serve a real node too (hack/node.py): the API server also listens on that address,
+        """`node_ip`: serve a real node too (gpu_stack_dev.node): the API server also listens on that address,
         advertises it as the `kubernetes` Service's endpoint (pods reach it through kube-proxy), and calls
         kubelets at their InternalIP (`kubectl logs`, `exec`)."""
         self.assets = assets

@@ -11,7 +11,9 @@ from typing import Any
 
 import yaml
 
-from .e2elib import CHART, values_args
+from gpu_stack_dev.paths import CHART
+
+from .e2elib import values_args
 
 FULL_GPU = "nvidia.com/gpu"
 # k8s-device-plugin v0.20.0 api/config/v1/resources.go NewResourceName: a bare name gets this prefix.
