@@ -61,7 +61,8 @@ METHOD = [
 HTTP_BEGIN, HTTP_END = "<!-- http:begin (bench/run_bench.py) -->", "<!-- http:end -->"
 # Rewritten by refresh_sources whenever a part changes: the warning (dirty runs), the targets, the parts.
 SOURCES_BEGIN, SOURCES_END = "<!-- sources:begin (gpu_stack_dev.bench.report) -->", "<!-- sources:end -->"
-TARGETS_BEGIN, TARGETS_END = "<!-- targets-summary:begin (gpu_stack_dev.bench.report) -->", "<!-- targets-summary:end -->"
+TARGETS_BEGIN = "<!-- targets-summary:begin (gpu_stack_dev.bench.report) -->"
+TARGETS_END = "<!-- targets-summary:end -->"
 PARTS_BEGIN, PARTS_END = "<!-- parts:begin (gpu_stack_dev.bench.report) -->", "<!-- parts:end -->"
 _GENERATED = provenance.GENERATED
 

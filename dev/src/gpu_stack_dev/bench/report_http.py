@@ -45,9 +45,10 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
          if results["netns"] else "Host network namespace (TCP counters may include other traffic)."))
     w("* Load: wrk over persistent TLS connections with bench/mix.lua. " + mix_text(mix) + " Beside it, the same "
       "rounds on one identical body (the recorded apiserver v1.36 GPU pod with 3 containers x 20 "
-      "env vars, gpu_stack_dev.bench.bodies `gpu_pod_3c`; on /mutate with the MPS annotation, so the answer is patched): "
-      "every review then hits the webhook's diff memo and last-encoded-patch cache, the best case. The bare "
-      "allow-all gets the bodies /validate gets. Rules sweep: the five recorded cases of gpu_stack_dev.bench.bodies `mix` "
+      "env vars, gpu_stack_dev.bench.bodies `gpu_pod_3c`; on /mutate with the MPS annotation, so the answer is "
+      "patched): every review then hits the webhook's diff memo and last-encoded-patch cache, the best case. The "
+      "bare allow-all gets the bodies /validate gets. Rules sweep: the five recorded cases of "
+      "gpu_stack_dev.bench.bodies `mix` "
       "(1-container GPU pod, 10 containers x 50 env vars, MPS pod, Deployment template, pod denied for "
       "NVIDIA_VISIBLE_DEVICES). Rounds alternate baseline / validate / mutate.")
     w("* Policy: what the chart renders (`helm template`) for Chart-values-examples/per-node-configs.yaml "
@@ -228,9 +229,9 @@ def mix_text(mix: dict[str, Any]) -> str:
     denied = ", ".join(f"{shape} ({rule})" for shape, rule in mix.get("denied_by", {}).items())
     patches = (f"; the /mutate answers carry {mix['distinct_patches']} distinct JSONPatches"
                if "distinct_patches" in mix else "")
-    return (f"Headline and targets: the pod mix (gpu_stack_dev.bench.bodies `pod_mix`): {mix['bodies']:,} pod CREATE reviews "
-            f"of {mix['shapes']} distinct shapes, {mix['bytes'] / 1024:.1f} KiB on average, sent in a fixed "
-            f"shuffled order: {shares}. Each starts from the review the API server sent for a pod its ReplicaSet "
+    return (f"Headline and targets: the pod mix (gpu_stack_dev.bench.bodies `pod_mix`): {mix['bodies']:,} pod "
+            f"CREATE reviews of {mix['shapes']} distinct shapes, {mix['bytes'] / 1024:.1f} KiB on average, sent in a "
+            f"fixed shuffled order: {shares}. Each starts from the review the API server sent for a pod its ReplicaSet "
             "controller created, with its own uid, and mix.lua writes a serial into the uid (and on /validate "
             "the pod name and uid) on every send, so no two requests of a run share them. Most pods of a "
             "cluster have no GPU; the mix is GPU-heavier than a typical cluster on purpose (a GPU pod costs the "
