@@ -75,7 +75,7 @@ test-interpreted: $(PURE_STAMP)
 # from KUBEBUILDER_ASSETS (prepared by hack/envtest-assets.sh from ../shared/envtest when unset), or the
 # cluster of KUBECONFIG with GPU_STACK_E2E_CLUSTER=existing. One plane for the session, tests in series.
 # As root, the tests run inside network and mount namespaces of their own (hack/netns.py) and
-# tests/e2e/node/ also starts a real node (hack/node.py: kubelet, containerd + gVisor, CNI, kube-proxy) that
+# tests/e2e/node/ also starts a real node (gpu_stack_dev.node: kubelet, containerd + gVisor, CNI, kube-proxy) that
 # runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip.
 # Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool) is
 # installed before.
@@ -110,7 +110,7 @@ e2e-image:
 # checkov (its own tool venv under .tools/checkov, hack/ensure-checkov.sh) on the chart rendered with the
 # defaults and every overlay: fails on any failed check or undeclared exception.
 lint: $(STAMP) helm
-	$(VENV)/bin/ruff check webhook tests hack bench
+	$(VENV)/bin/ruff check webhook tests hack bench dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) hack/chart-scan.py
@@ -123,7 +123,7 @@ lint: $(STAMP) helm
 image:
 	hack/build-image.sh "$(IMAGE)"
 
-# The demo on a real control plane when one is at hand (hack/demo_live.py: chart installed, real kubectl),
+# The demo on a real control plane when one is at hand (gpu_stack_dev.demo_live: chart installed, real kubectl),
 # else offline (hack/demo.py); its first line says which.
 demo: $(STAMP) helm
 	$(PY) hack/demo.py

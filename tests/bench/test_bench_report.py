@@ -7,16 +7,11 @@ here."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import provenance  # noqa: E402
-import report  # noqa: E402
+from gpu_stack_dev.bench import provenance, report
+from gpu_stack_dev.paths import BENCH
 
 STAMP = provenance.stamp("make bench", when="2026-11-25 14:00 UTC", at="0123456789ab")
 OLD_STAMP = provenance.stamp("make bench", when="2026-11-24 09:00 UTC", at="ba9876543210")
@@ -81,7 +76,7 @@ def test_an_included_file_with_its_own_markers_keeps_one_pair_and_names_its_run(
     path.write_text("\n".join(["<!-- inspect-scale:begin (bench/inspect_scale.py --report) -->",
                                "## `kubectl gpu-stack inspect` at scale", "", *stamp, "| table |",
                                "<!-- inspect-scale:end -->", ""]), encoding="utf-8")
-    scale = "\n".join(report._included("inspect-scale", "make bench-inspect", path, "x"))
+    scale = "\n".join(report.included("inspect-scale", "make bench-inspect", path, "x"))
     assert scale.count("<!-- inspect-scale:begin") == 1 and scale.count("<!-- inspect-scale:end -->") == 1
     rows = provenance.sources(scale)
     assert len(rows) == 1

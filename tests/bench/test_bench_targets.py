@@ -7,20 +7,11 @@ import base64
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(BENCH.parent / "hack"))
-
-import bodies  # noqa: E402
-import report  # noqa: E402
-import run_bench  # noqa: E402
-import soak  # noqa: E402
-import targets  # noqa: E402
-from gpu_stack_webhook.policy.config import PolicyConfig  # noqa: E402
-from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
+from gpu_stack_dev.bench import bodies, procfs, report, run_bench, soak, targets, wrk
+from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.server.app import AppConfig, create_app
 
 
 def test_issue_14_pod_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:
@@ -49,16 +40,16 @@ def test_worker_connections_counts_the_established_sockets_each_process_holds() 
         try:
             # This process holds the 3 accepted ends (local port = `port`); the listening socket and the
             # client ends (local port: ephemeral) do not count.
-            assert run_bench.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 3}
+            assert procfs.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 3}
             accepted.pop().close()
-            assert run_bench.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 2}
+            assert procfs.worker_connections(os.getpid(), [os.getpid()], port) == {os.getpid(): 2}
         finally:
             for s in clients + accepted:
                 s.close()
 
 
-def _run(rps: float, spread: dict[int, int], errors: int = 0, p99_ms: float = 1.0) -> run_bench.Run:
-    return run_bench.Run(target="t", requests=int(rps * 5), seconds=5.0, errors=errors,
+def _run(rps: float, spread: dict[int, int], errors: int = 0, p99_ms: float = 1.0) -> wrk.Run:
+    return wrk.Run(target="t", requests=int(rps * 5), seconds=5.0, errors=errors,
                          latency_us={"p50": 500.0, "p99": p99_ms * 1000, "p999": 9000.0}, late=0, worst_late_ms=0.0,
                          cpu_s=1.0, connections=0, spread=spread)
 
@@ -66,11 +57,11 @@ def _run(rps: float, spread: dict[int, int], errors: int = 0, p99_ms: float = 1.
 def _results(validate: list[float], mutate: list[float], spread: dict[int, int], p99_ms: float,
              rss_mb: float, errors: int = 0) -> dict[str, object]:
     rounds = len(validate)
-    sat = {"baseline": run_bench.Summary("baseline", [_run(1000, spread, errors) for _ in range(rounds)]),
-           "validate": run_bench.Summary("validate", [_run(1000 * x, spread) for x in validate]),
-           "mutate": run_bench.Summary("mutate", [_run(1000 * x, spread) for x in mutate])}
-    paced = {"baseline": run_bench.Summary("baseline", [_run(900, spread, p99_ms=1.0)]),
-             "validate": run_bench.Summary("validate", [_run(900, spread, p99_ms=p99_ms)])}
+    sat = {"baseline": wrk.Summary("baseline", [_run(1000, spread, errors) for _ in range(rounds)]),
+           "validate": wrk.Summary("validate", [_run(1000 * x, spread) for x in validate]),
+           "mutate": wrk.Summary("mutate", [_run(1000 * x, spread) for x in mutate])}
+    paced = {"baseline": wrk.Summary("baseline", [_run(900, spread, p99_ms=1.0)]),
+             "validate": wrk.Summary("validate", [_run(900, spread, p99_ms=p99_ms)])}
     return {"saturation": sat, "paced": paced, "plan": run_bench.Plan().__dict__,
             "memory_after": {"webhook": {"workers": [{"rss_kb": rss_mb * 1024}, {"rss_kb": 40 * 1024}]}}}
 
@@ -151,15 +142,15 @@ def test_a_round_in_slices_runs_them_in_mirrored_order_and_reports_one_run_per_s
 
     class RecordingWrk:
         def run(self, target: str, server: object, manifest: Path, seconds: float, connections: int,
-                rate: int = 0) -> run_bench.Run:
+                rate: int = 0) -> wrk.Run:
             calls.append((target, seconds))
             n = len(calls)
-            return run_bench.Run(target=target, requests=1000 * n, seconds=seconds, errors=0,
+            return wrk.Run(target=target, requests=1000 * n, seconds=seconds, errors=0,
                                  latency_us={"p50": 100.0 * n, "p99": 1000.0 * n, "p999": 2000.0 * n},
                                  late=0, worst_late_ms=0.0, cpu_s=0.1 * n, connections=32)
 
     names = [("baseline", None, Path("b")), ("validate", None, Path("v")), ("mutate", None, Path("m"))]
-    out = run_bench.alternate(RecordingWrk(), names, 2, 6, 32, slices=2)  # type: ignore[arg-type]
+    out = wrk.alternate(RecordingWrk(), names, 2, 6, 32, slices=2)  # type: ignore[arg-type]
     assert [t for t, _ in calls] == ["baseline", "validate", "mutate", "mutate", "validate", "baseline",
                                      "mutate", "validate", "baseline", "baseline", "validate", "mutate"]
     assert {s for _, s in calls} == {3.0}

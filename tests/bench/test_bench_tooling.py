@@ -7,21 +7,15 @@ from __future__ import annotations
 import base64
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import baseline_app  # noqa: E402
-import bodies  # noqa: E402
-import run_bench  # noqa: E402
-from gpu_stack_webhook.admission.review import parse_review  # noqa: E402
-from gpu_stack_webhook.policy.config import PolicyConfig, parse_config  # noqa: E402
-from gpu_stack_webhook.server.app import AppConfig, create_app  # noqa: E402
+from gpu_stack_dev.bench import baseline_app, bodies, servers
+from gpu_stack_dev.paths import BENCH
+from gpu_stack_webhook.admission.review import parse_review
+from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.server.app import AppConfig, create_app
 
 # The recordings are in the repository (tests/fixtures/README.md): absent, every test here fails.
 assert bodies.FIXTURES.is_dir(), f"recorded fixtures absent at {bodies.FIXTURES}"
@@ -152,7 +146,7 @@ def test_uids_and_names_are_unique_per_body_and_per_send() -> None:
 def test_the_webhook_answers_every_body_of_the_mix_as_the_bench_expects() -> None:
     """With the policy the bench serves (the chart rendered for bodies.MIX_VALUES): GPU, MPS and MIG pods
     are patched on /mutate and none is denied but the denied shapes, on /validate, by their rule."""
-    config = parse_config(yaml.safe_load(run_bench.chart_policy(bodies.MIX_VALUES)))
+    config = parse_config(yaml.safe_load(servers.chart_policy(bodies.MIX_VALUES)))
     client = create_app(AppConfig(policy=config)).test_client()
     denied_by: dict[str, set[str]] = {}
     for endpoint, mix in MIXES.items():

@@ -3,16 +3,10 @@ a pod list is read as the scheduler left it, the on / off ratio and the section.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import scheduler_scale as ss  # noqa: E402
+from gpu_stack_dev.bench import scheduler_scale as ss
+from gpu_stack_dev.paths import ROOT
 
 LABEL = "nvidia.com/device-plugin.config"
 

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from .chartlib import HELM_MAJORS, helm_path
+from gpu_stack_dev.chartlib import HELM_MAJORS, helm_path
 
 
 @pytest.fixture(scope="session", params=HELM_MAJORS, ids=[f"helm{m}" for m in HELM_MAJORS])

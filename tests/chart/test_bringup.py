@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .chartlib import FULLNAME, find, one, overlays, render, run_helm, template_args
+from gpu_stack_dev.chartlib import FULLNAME, find, one, overlays, render, run_helm, template_args
 
 MARKERS = "/run/nvidia/validations"
 AGENTS = ["device-plugin", "gpu-feature-discovery", "dcgm-exporter", "mps-control-daemon", "mig-manager"]

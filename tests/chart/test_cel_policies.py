@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import FULLNAME, ROOT, find, one, overlays, render, run_helm, template_args
 from gpu_stack_webhook.cel import render as cel_render
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import parse_config
-
-from .chartlib import FULLNAME, ROOT, find, one, overlays, render, run_helm, template_args
 
 SERVED = {"webhook.cel.assumeServed": True}
 ALL_CEL = {**SERVED, "webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}

@@ -7,8 +7,7 @@ import re
 from typing import Any
 
 import pytest
-
-from .chartlib import CHART, render
+from gpu_stack_dev.chartlib import CHART, render
 
 GPU = [{"name": "nvidia.com/gpu", "replicas": 2}]
 MIG_1G = [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]
@@ -215,8 +214,8 @@ def test_fail_messages_start_with_gpu_stack() -> None:
 
 def test_every_fail_check_has_a_triggering_case() -> None:
     # The cluster-prerequisite checks fire only when Helm talks to a cluster: make e2e triggers them.
-    from e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
-    from e2e.test_prerequisites import NO_WEBHOOK_IMAGE  # noqa: PLC0415
+    from tests.e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
+    from tests.e2e.test_prerequisites import NO_WEBHOOK_IMAGE  # noqa: PLC0415
 
     expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES] + [NO_WEBHOOK_IMAGE]
     uncovered = []

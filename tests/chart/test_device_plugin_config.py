@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .chartlib import FULLNAME, find, overlays, render
+from gpu_stack_dev.chartlib import FULLNAME, find, overlays, render
 
 # A type spec is: a Python type; ("enum", {...}); ("list", spec); ("struct", FIELDS); or a callable check.
 MIG_STRATEGIES = {"none", "single", "mixed"}

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from .chartlib import FULLNAME, NAMESPACE, find, one, overlays, render
+from gpu_stack_dev.chartlib import FULLNAME, NAMESPACE, find, one, overlays, render
 
 GFD = f"{FULLNAME}-gpu-feature-discovery"
 

@@ -7,11 +7,11 @@ import json
 from typing import Any
 
 import yaml
+from gpu_stack_dev.chartlib import FULLNAME, one, render
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 
 from . import pss
-from .chartlib import FULLNAME, one, render
 from .test_webhook import POLICY_CM
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from gpu_stack_dev.chartlib import FULLNAME, HELM_MAJORS, NAMESPACE, find, one, render, run_helm, template_args
 from gpu_stack_webhook.kube.inspect import DASHBOARD_SELECTOR
-
-from .chartlib import FULLNAME, HELM_MAJORS, NAMESPACE, find, one, render, run_helm, template_args
 
 ROLE = f"{FULLNAME}-inspect"
 CONFIGMAP = f"{FULLNAME}-device-plugin-configs"

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import FULLNAME, ROOT, one, overlays, render
 from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import parse_config
-
-from .chartlib import FULLNAME, ROOT, one, overlays, render
 
 WEBHOOK = f"{FULLNAME}-webhook"
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from gpu_stack_dev.chartlib import FULLNAME, NAMESPACE, find, one, render
 
-from .chartlib import FULLNAME, NAMESPACE, find, one, render
 from .nodematch import runs_on
 
 PAUSED = "paused-for-mig-change"

@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .chartlib import find, render
+from gpu_stack_dev.chartlib import find, render
 
 A100_40 = ["0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"]
 GB80 = ["0x233010DE", "0x233110DE", "0x232210DE", "0x20B210DE", "0x20B510DE", "0x20F310DE", "0x20F510DE",

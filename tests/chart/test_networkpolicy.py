@@ -4,7 +4,7 @@ webhook pods, from anywhere unless `webhook.networkPolicy.from` names peers; egr
 
 from __future__ import annotations
 
-from .chartlib import FULLNAME, find, one, render
+from gpu_stack_dev.chartlib import FULLNAME, find, one, render
 
 WEBHOOK = f"{FULLNAME}-webhook"
 

@@ -14,8 +14,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
-from .chartlib import CHART, render, run_helm, template_args
+from gpu_stack_dev.chartlib import CHART, render, run_helm, template_args
 
 CRD_FILE = CHART / "crds" / "nfd-api-crds.yaml"
 # nfd-api-crds.yaml v0.19.0: MatchOp enum of matchExpressions and matchName.

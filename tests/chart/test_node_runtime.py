@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .chartlib import HELM_MAJORS, overlays, render
+from gpu_stack_dev.chartlib import HELM_MAJORS, overlays, render
 
 TOOLKIT = "t-gpu-stack-container-toolkit"
 

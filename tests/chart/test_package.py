@@ -7,8 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from .chartlib import CHART, EXAMPLES, HELM_MAJORS, overlays, render, run_helm
+from gpu_stack_dev.chartlib import CHART, EXAMPLES, HELM_MAJORS, overlays, render, run_helm
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from gpu_stack_dev.chartlib import FULLNAME, overlays, render
 
 from . import pss
-from .chartlib import FULLNAME, overlays, render
 
 # component -> {violated check: why it is needed}. Written from the templates and the upstream projects.
 EXCEPTIONS: dict[str, dict[str, str]] = {

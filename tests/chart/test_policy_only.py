@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import find, one, render
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.live import device_plugin_policy
-
-from .chartlib import find, one, render
 
 NODE_AGENT_KINDS = ("DaemonSet", "NodeFeatureRule", "RuntimeClass")
 WEBHOOK = "t-gpu-stack-webhook"

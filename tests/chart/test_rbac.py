@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from .chartlib import ROOT, overlays, render
+from gpu_stack_dev.chartlib import ROOT, overlays, render
 
 OVERLAYS = overlays()
 

@@ -10,8 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
-from .chartlib import (
+from gpu_stack_dev.chartlib import (
     CHART,
     EXAMPLES,
     NAMESPACE,

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .chartlib import CHART, HELM_MAJORS, next_chart_version, overlays, run_helm, template_args
+from gpu_stack_dev.chartlib import CHART, HELM_MAJORS, next_chart_version, overlays, run_helm, template_args
 
 WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob"}
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .chartlib import find, overlays, render, run_helm, template_args
+from gpu_stack_dev.chartlib import find, overlays, render, run_helm, template_args
 
 
 def _env(objects: list[dict[str, Any]], component: str, container: str) -> dict[str, str]:

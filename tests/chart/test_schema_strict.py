@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .chartlib import CHART, HELM_MAJORS, load_schema, render, run_helm, template_args
+from gpu_stack_dev.chartlib import CHART, HELM_MAJORS, load_schema, render, run_helm, template_args
 
 # Objects whose keys are Kubernetes API fields the chart passes through unchanged; the API server
 # rejects unknown fields there (and tests/chart/test_render.py checks the rendered objects against

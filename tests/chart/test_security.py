@@ -12,8 +12,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-
-from .chartlib import FULLNAME, NAMESPACE, ROOT, overlays, render
+from gpu_stack_dev.chartlib import FULLNAME, NAMESPACE, ROOT, overlays, render
 
 _spec = importlib.util.spec_from_file_location("chart_security", ROOT / "hack" / "chart_security.py")
 assert _spec and _spec.loader

@@ -16,8 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-
-from .chartlib import CHART, ROOT, load_values
+from gpu_stack_dev.chartlib import CHART, ROOT, load_values
 
 UPSTREAM: dict[str, Any] = json.loads((ROOT / "tests/fixtures/upstream-releases.json").read_text(encoding="utf-8"))
 OPERATOR = UPSTREAM["gpu_operator"]

@@ -17,8 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
-from .chartlib import ROOT, load_schema, load_values, run_helm, template_args
+from gpu_stack_dev.chartlib import ROOT, load_schema, load_values, run_helm, template_args
 
 _spec = importlib.util.spec_from_file_location("chart_values_table", ROOT / "hack" / "chart-values-table.py")
 assert _spec and _spec.loader

@@ -10,11 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_stack_webhook.policy.config import parse_config
-from gpu_stack_webhook.policy.rules import RULE_IDS
-
-from . import pss
-from .chartlib import (
+from gpu_stack_dev.chartlib import (
     CHART,
     FULLNAME,
     NAMESPACE,
@@ -28,6 +24,10 @@ from .chartlib import (
     run_helm,
     template_args,
 )
+from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.rules import RULE_IDS
+
+from . import pss
 
 WEBHOOK = f"{FULLNAME}-webhook"
 POLICY_CM = f"{FULLNAME}-webhook-policy"

@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 import pytest
+from gpu_stack_dev.chartlib import ROOT, render
+from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 
-from tests.chart.chartlib import ROOT, render
 from tests.e2e.deviceplugin import stubs
 from tests.e2e.deviceplugin.model import NodePlugin, mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import StandInPlugin, write_health
-from tests.e2e.fleet import ChartSharing, NodeSpec, plan
 
 from .kubelet_fake import FakeKubelet, Watch
 

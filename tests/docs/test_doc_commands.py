@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from doccommands import (
+
+from .doccommands import (
     CHART,
     NOTES_VARIANTS,
     ROOT,

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from doccommands import CHART, ROOT, documents, rendered_notes
+
+from .doccommands import CHART, ROOT, documents, rendered_notes
 
 SPEC = importlib.util.spec_from_file_location("overlay_table", ROOT / "hack" / "overlay_table.py")
 assert SPEC and SPEC.loader

@@ -5,12 +5,12 @@ cluster is a throwaway control plane from hack/controlplane.py (etcd + kube-apis
 kube-controller-manager + kube-scheduler v1.36 from `KUBEBUILDER_ASSETS`, see hack/envtest-assets.sh), or,
 with `GPU_STACK_E2E_CLUSTER=existing`, the cluster of `KUBECONFIG` (kind, a real GPU cluster). Without
 either the session errors with a message saying what to provide. The throwaway plane has no kubelet and
-no Nodes until a test publishes them (tests/e2e/fleet.py): the scheduler binds pods to those Nodes, nothing
+no Nodes until a test publishes them (gpu_stack_dev.e2e.fleet): the scheduler binds pods to those Nodes, nothing
 runs them; without Nodes pods stay Pending. Admission, controllers, GC and scheduling are real.
 
 Fixtures:
 
-- `cluster` (session): an `E2ECluster` (tests/e2e/e2elib.py) with
+- `cluster` (session): an `E2ECluster` (gpu_stack_dev.e2e.e2elib) with
   - `kind` ("envtest" | "existing") and `kubeconfig` (admin kubeconfig path),
   - `kubectl(*args, input=None, check=True)` -> `subprocess.CompletedProcess[str]` (real kubectl;
     check=True raises with stdout/stderr on a non-zero exit), `get_json(*args)`,
@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

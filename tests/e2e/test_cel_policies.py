@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .e2elib import ROOT, E2ECluster, Release, Releases
+from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, Release, Releases
 
 DEMO = ROOT / "hack" / "demo" / "manifests"
 ALL_CEL = {"webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .e2elib import ROOT, E2ECluster
+from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster
 
 GPU002 = ('Error from server (Forbidden): error when creating '
           '"hack/demo/manifests/10-bad-nvidia-visible-devices.yaml": admission webhook "validate.gpu-stack.io" '

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doccommands import ROOT, Command, doc_commands, notes_commands
+from gpu_stack_dev.e2e.e2elib import FAKE_WEBHOOK_IMAGE, E2ECluster, Release, Releases
 
-from .e2elib import FAKE_WEBHOOK_IMAGE, E2ECluster, Release, Releases
+from tests.docs.doccommands import ROOT, Command, doc_commands, notes_commands
 
 RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"  # what the documents type
 NODE = "docs-gpu-node"

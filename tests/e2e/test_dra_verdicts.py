@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases
 
-from .e2elib import E2ECluster, LiveWebhook, Release, Releases
 from .test_lookups import create
 from .test_tls_selfmanaged import sa_kubeconfig
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-
-from .e2elib import E2ECluster, unique
-from .fleet import (
+from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
+from gpu_stack_dev.e2e.fleet import (
     AGENT_LABELS,
     FLEET_TAINT_KEY,
     FULL_GPU,

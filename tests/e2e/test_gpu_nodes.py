@@ -16,8 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-from .e2elib import E2ECluster, Releases, unique
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, unique
 
 PAUSED = "paused-for-mig-change"
 DEPLOY_LABELS = [f"nvidia.com/gpu.deploy.{c}" for c in

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, Release, Releases, unique
+from gpu_stack_dev.e2e.fleet import MPS_TAINT, ChartSharing, Fleet, NodeSpec, delete_pods, wait_scheduled
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.live import operator_policy, read_cluster_policy
 
-from .e2elib import ROOT, E2ECluster, Release, Releases, unique
-from .fleet import MPS_TAINT, ChartSharing, Fleet, NodeSpec, delete_pods, wait_scheduled
 from .inspect_api import inspect
 from .test_tls_selfmanaged import sa_kubeconfig
 

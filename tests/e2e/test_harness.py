@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from .e2elib import E2ECluster, Releases, unique
-from .fleet import delete_node, wait_scheduled
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, unique
+from gpu_stack_dev.e2e.fleet import delete_node, wait_scheduled
 
 
 def test_api_server_and_controllers(cluster: E2ECluster) -> None:

@@ -1,5 +1,5 @@
 """`kubectl gpu-stack inspect` against a real API server: the 4-node GPU cluster of
-tests/inspect/inspect_cluster.py created through the API (Nodes with GFD labels and device plugin
+gpu_stack_dev.inspect_cluster created through the API (Nodes with GFD labels and device plugin
 capacity/allocatable, Pods bound with spec.nodeName, the chart's device plugin ConfigMap and its Grafana
 dashboard ConfigMaps in namespace gpu-stack); the printed table and JSON are the ones the unit tests and
 README.md show, byte for byte."""
@@ -16,9 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, chart_dashboards, render_chart
+from gpu_stack_dev.e2e.e2elib import E2ECluster
+from gpu_stack_dev.inspect_cluster import (
+    FINISHED_PODS,
+    NODES,
+    PENDING_POD,
+    PODS,
+    chart_configmap,
+    chart_dashboards,
+    render_chart,
+)
 
-from .e2elib import E2ECluster
 from .inspect_api import (
     api_client,
     apply_configmap,

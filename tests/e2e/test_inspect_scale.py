@@ -6,27 +6,19 @@ GPU_STACK_E2E_SCALE=1 (`make bench-inspect` also writes the figures into BENCHMA
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-from .e2elib import E2ECluster
+from gpu_stack_dev.bench import inspect_scale as scale
+from gpu_stack_dev.e2e.e2elib import E2ECluster
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.environ.get("GPU_STACK_E2E_SCALE") != "1", reason="scale test: set GPU_STACK_E2E_SCALE=1"),
 ]
 
-_spec = importlib.util.spec_from_file_location(
-    "inspect_scale", Path(__file__).resolve().parents[2] / "bench" / "inspect_scale.py")
-assert _spec and _spec.loader
-scale = importlib.util.module_from_spec(_spec)
-sys.modules["inspect_scale"] = scale
-_spec.loader.exec_module(scale)
 
 NODES, PODS = 500, 20_000
 

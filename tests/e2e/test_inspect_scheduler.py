@@ -27,10 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
+from gpu_stack_dev.e2e.fleet import (
+    NODE_BASE,
+    ChartSharing,
+    Fleet,
+    NodeSpec,
+    PublishedNode,
+    delete_pods,
+    plan,
+    wait_scheduled,
+)
 from kubernetes import client
 
-from .e2elib import E2ECluster, unique
-from .fleet import NODE_BASE, ChartSharing, Fleet, NodeSpec, PublishedNode, delete_pods, plan, wait_scheduled
 from .inspect_api import inspect
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +51,7 @@ IMAGE = "nvcr.io/nvidia/cuda:12.9.1-base-ubuntu24.04"
 
 def mig_node(name: str) -> PublishedNode:
     """An A100 40GB under the chart's mig-mixed config with the MIG manager's all-balanced layout (2x 1g.5gb,
-    1x 2g.10gb, 1x 3g.20gb), as tests/inspect/inspect_cluster.py describes it (GFD mixed-strategy labels,
+    1x 2g.10gb, 1x 3g.20gb), as gpu_stack_dev.inspect_cluster describes it (GFD mixed-strategy labels,
     k8s-device-plugin v0.20.0 internal/lm/resource.go; the MIG-enabled GPU is not advertised as nvidia.com/gpu)."""
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
               "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Release, Releases, overlays, unique
+from gpu_stack_dev.e2e.e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Release, Releases, overlays, unique
 
 CRDS = Path(__file__).parent / "crds"
 NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io")

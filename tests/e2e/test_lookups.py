@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases, unique
 
-from .e2elib import E2ECluster, LiveWebhook, Release, Releases, unique
 from .test_tls_selfmanaged import sa_kubeconfig
 
 GPU_LIMIT = {"limits": {"nvidia.com/gpu": 1}}

@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gpu_stack_dev.e2e.apiload import SIZING, LoadResult, create_pods, loader_token
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases
 from prometheus_client.parser import text_string_to_metric_families
-
-from .apiload import SIZING, LoadResult, create_pods, loader_token
-from .e2elib import E2ECluster, Releases
 
 CONCURRENT = 100
 CREATES = 400

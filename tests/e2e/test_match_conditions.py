@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, Release, Releases, overlays
 from gpu_stack_webhook.cel import match_conditions
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 
-from .e2elib import ROOT, E2ECluster, Release, Releases, overlays
 from .test_install import STANDINS, apply_crds
 
 MANIFESTS = sorted((ROOT / "hack" / "demo" / "manifests").glob("*.yaml"))

@@ -20,10 +20,18 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.e2e.e2elib import (
+    CHART,
+    ROOT,
+    WEBHOOK_KINDS,
+    E2ECluster,
+    LiveWebhook,
+    Release,
+    Releases,
+    controlplane,
+)
 
 from hack.monitoring import preview
-
-from .e2elib import CHART, ROOT, WEBHOOK_KINDS, E2ECluster, LiveWebhook, Release, Releases, controlplane
 
 SCRAPE = "1s"
 WAIT_SECONDS = 90

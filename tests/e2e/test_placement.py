@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .e2elib import E2ECluster, LiveWebhook, Releases, unique
-from .fleet import (
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Releases, unique
+from gpu_stack_dev.e2e.fleet import (
     FULL_GPU,
     MPS_TAINT,
     ChartSharing,

@@ -33,14 +33,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Releases
+from gpu_stack_dev.e2e.fleet import FULL_GPU, MPS_TAINT, ChartSharing, Fleet, NodeSpec, PublishedNode, delete_pods
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules.base import Context, candidate_configs
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from .e2elib import E2ECluster, LiveWebhook, Releases
-from .fleet import FULL_GPU, MPS_TAINT, ChartSharing, Fleet, NodeSpec, PublishedNode, delete_pods
 from .test_placement import CUDA_IMAGE
 
 OVERLAY = "per-node-configs.yaml"

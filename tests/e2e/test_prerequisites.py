@@ -6,8 +6,8 @@ the chart's defaults name none."""
 from __future__ import annotations
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases
 
-from .e2elib import E2ECluster, Release, Releases
 from .test_install import NFD_CRDS, remove_nfd_crds
 
 # The chart's defaults name no webhook image (none is published): templates/validate.yaml.
@@ -110,7 +110,7 @@ def test_install_without_a_webhook_image_stops_with_our_message(cluster: E2EClus
 @pytest.mark.parametrize("overlay", ["monitoring-prometheus-operator.yaml", "webhook-cert-manager.yaml"])
 def test_offline_render_still_renders_the_custom_objects(cluster: E2ECluster, overlay: str) -> None:
     """`helm template` (GitOps, CI) does not talk to the cluster: the prerequisite check stays out of it."""
-    from .e2elib import CHART, values_args  # noqa: PLC0415
+    from gpu_stack_dev.e2e.e2elib import CHART, values_args  # noqa: PLC0415
 
     out = cluster.helm("template", "gpu-stack", str(CHART), *values_args(overlay)).stdout
     assert ("kind: ServiceMonitor" in out) or ("kind: Certificate" in out)

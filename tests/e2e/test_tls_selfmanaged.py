@@ -1,7 +1,7 @@
 """Self-managed TLS (`serve --tls-mode self-managed`, the chart's default) against the real API server, with
 the webhook's own ServiceAccount: a token from the TokenRequest API (`kubectl create token`), the RBAC the
 chart installs, nothing more. No nodes run the chart's Deployment, so its container runs here as the pod
-would (tests/e2e/podrun.py): the installed Deployment's command, args and env, its policy ConfigMap, TLS
+would (gpu_stack_dev.e2e.podrun): the installed Deployment's command, args and env, its policy ConfigMap, TLS
 emptyDir and /tmp mounted where the pod mounts them, the working tree read-only, the ServiceAccount token
 where the kubelet puts it, as uid/gid 65532 without capabilities.
 
@@ -30,9 +30,8 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-
-from .e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases
-from .podrun import ChartContainer
+from gpu_stack_dev.e2e.e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases
+from gpu_stack_dev.e2e.podrun import ChartContainer
 
 STARTUP_SECONDS = 90
 

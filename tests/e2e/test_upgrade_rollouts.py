@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.chart.chartlib import next_chart_version
-
-from .e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Releases, overlays, unique
+from gpu_stack_dev.chartlib import next_chart_version
+from gpu_stack_dev.e2e.e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Releases, overlays, unique
 
 WORKLOAD_KINDS = ("daemonsets", "deployments")
 

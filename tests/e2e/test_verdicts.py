@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .e2elib import ROOT, E2ECluster, LiveWebhook, Release, Releases
+from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, LiveWebhook, Release, Releases
 
 MANIFESTS = ROOT / "hack" / "demo" / "manifests"
 

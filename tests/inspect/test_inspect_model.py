@@ -7,11 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from gpu_stack_dev.inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
 from gpu_stack_webhook.inspect.records import MpsLimits, NodeRecord, Report
 from gpu_stack_webhook.inspect.render import render
 from gpu_stack_webhook.policy.config import ConfigError
-from inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
 
 
 def chart_sharing() -> Any:

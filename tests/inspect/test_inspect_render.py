@@ -9,11 +9,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap, chart_dashboards, node
 from gpu_stack_webhook.inspect import records as inspect_records
 from gpu_stack_webhook.inspect import render as inspect_render
 from gpu_stack_webhook.inspect.model import build_report, dashboards, sharing_from_configmap
 from gpu_stack_webhook.settings import load_terminal_settings
-from inspect_cluster import NODES, PODS, chart_configmap, chart_dashboards, node
 
 HERE = Path(__file__).parent
 SCHEMA = Path(inspect_records.__file__).with_name("inspect-v1.schema.json")

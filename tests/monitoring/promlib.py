@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tests.chart.chartlib import ROOT, one, render
+from gpu_stack_dev.chartlib import ROOT, one, render
 
 HERE = Path(__file__).resolve().parent
 FORCED = {"monitoring.prometheusRule.enabled": True}

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import ROOT, find, one, render, run_helm, template_args
 
 from hack.monitoring import alerts, generate, placeholders
-from tests.chart.chartlib import ROOT, find, one, render, run_helm, template_args
 
 from .promlib import HERE, rendered_rules, run_promtool, write_rules
 

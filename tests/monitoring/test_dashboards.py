@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import find, render, run_helm, template_args
 
 from hack.monitoring import dashboards, placeholders
-from tests.chart.chartlib import find, render, run_helm, template_args
 
 from .promlib import DASHBOARDS_ON, panel_queries, rendered_dashboards, run_promtool
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.chartlib import FULLNAME, one, overlays, render
 from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
@@ -35,8 +36,6 @@ from gpu_stack_webhook.policy.scope import in_scope, object_in_scope
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tests.chart.chartlib import FULLNAME, one, overlays, render
 
 from . import counting
 from .strategies import API, claims, pods, review_body, wrap

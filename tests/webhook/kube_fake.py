@@ -34,7 +34,8 @@ from gpu_stack_webhook.kube.client import (
     WebhookConfiguration,
     ca_bundle_patch,
 )
-from tls_helpers import Pki, serving_https
+
+from .tls_helpers import Pki, serving_https
 
 
 class FakeKube:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from recordlib import recorded
-from tls_helpers import Pki, serving_https
+from .recordlib import recorded
+from .tls_helpers import Pki, serving_https
 
 
 @dataclass

@@ -18,7 +18,8 @@ from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Evaluation, Policy
 from gpu_stack_webhook.policy.findings import Finding
 from gpu_stack_webhook.policy.rules import RULES
-from podlib import GPU, review
+
+from .podlib import GPU, review
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 CUSTOM_CONFIG_LABEL = "example.com/gpu-sharing"

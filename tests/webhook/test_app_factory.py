@@ -20,10 +20,11 @@ from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
 from gpu_stack_webhook.server.metrics import Metrics
-from podlib import GPU, apply_patch, container, make_pod, review, wrap
 from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
-from recordlib import recorded, recorded_params
+
+from .podlib import GPU, apply_patch, container, make_pod, review, wrap
+from .recordlib import recorded, recorded_params
 
 LIMIT = 4096
 

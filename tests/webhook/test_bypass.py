@@ -28,7 +28,8 @@ from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
-from podlib import (
+
+from .podlib import (
     GPU,
     claim_ref,
     claim_spec,
@@ -40,7 +41,7 @@ from podlib import (
     with_claims,
     wrap,
 )
-from policylib import config_default, config_mig, config_mps, config_time_slicing
+from .policylib import config_default, config_mig, config_mps, config_time_slicing
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MIG = "nvidia.com/mig-1g.5gb"

@@ -13,8 +13,9 @@ import yaml
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.cli.main import main
-from podlib import GPU, claim_ref, claim_spec, container, exactly, make_pod, resource_claim, with_claims, wrap
-from recordlib import FIXTURES
+
+from .podlib import GPU, claim_ref, claim_spec, container, exactly, make_pod, resource_claim, with_claims, wrap
+from .recordlib import FIXTURES
 
 
 def write(path: Path, *docs: Any) -> Path:

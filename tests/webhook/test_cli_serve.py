@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from gpu_stack_webhook.cli.main import build_parser
-from tls_helpers import Pki, cli_command, free_port, make_pki
+
+from .tls_helpers import Pki, cli_command, free_port, make_pki
 
 
 @pytest.fixture(scope="module")

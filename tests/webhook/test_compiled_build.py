@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from gpu_stack_webhook import build_source
-from recordlib import REPO_ROOT
+
+from .recordlib import REPO_ROOT
 
 SETUP = REPO_ROOT / "webhook" / "setup.py"
 PACKAGE_ROOT = REPO_ROOT / "webhook" / "src" / "gpu_stack_webhook"

@@ -11,7 +11,8 @@ from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_conf
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
-from recordlib import REPO_ROOT
+
+from .recordlib import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "webhook" / "examples" / "policy.yaml"
 

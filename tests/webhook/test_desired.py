@@ -27,7 +27,8 @@ from gpu_stack_webhook.policy.rules.base import Context
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonpointer import escape
-from podlib import apply_patch, container, make_pod, review
+
+from .podlib import apply_patch, container, make_pod, review
 
 KEYS = st.sampled_from(["a", "b", "c/d", "e~f", "0", ""])
 SCALARS = st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(["", "x", "1"])

@@ -12,7 +12,8 @@ from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
-from podlib import (
+
+from .podlib import (
     ALL_KINDS,
     GPU,
     SPEC_PATH,
@@ -24,7 +25,7 @@ from podlib import (
     review,
     wrap,
 )
-from policylib import config_default, config_mps, decide
+from .policylib import config_default, config_mps, decide
 
 VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
 DEVICES = "/var/run/nvidia-container-devices/all"

@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 import yaml
-from podlib import container, make_pod, review
-from tls_helpers import Server, client_context, running_server
+
+from .podlib import container, make_pod, review
+from .tls_helpers import Server, client_context, running_server
 
 PRIVILEGED_GPU_POD = make_pod([container("main", gpu=1, privileged=True)])
 PLAIN_POD = make_pod([container("main", gpu=1)])

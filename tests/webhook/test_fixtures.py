@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from recordlib import FIXTURES, REPO_ROOT
+from .recordlib import FIXTURES, REPO_ROOT
 
 
 def pinned() -> dict[str, str]:

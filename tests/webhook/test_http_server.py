@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import GPU, apply_patch, container, make_pod, review
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
-from recordlib import recorded
-from tls_helpers import (
+
+from .podlib import GPU, apply_patch, container, make_pod, review
+from .recordlib import recorded
+from .tls_helpers import (
     Client,
     Server,
     client_speaks_tls11,

@@ -24,13 +24,14 @@ from gpu_stack_webhook.kube.client import (
     ca_bundle_patch,
 )
 from gpu_stack_webhook.kube.lookups import ApiFacts
-from kube_fake import kubeconfig
-from kube_replay import Replay, replaying
 from kubernetes import client
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
-from recordlib import recorded
-from tls_helpers import Pki, free_port, make_pki
+
+from .kube_fake import kubeconfig
+from .kube_replay import Replay, replaying
+from .recordlib import recorded
+from .tls_helpers import Pki, free_port, make_pki
 
 NS, SECRET, CONFIG = "gpu-stack", "gpu-policy-webhook-tls", "gpu-policy-webhook"
 

@@ -48,8 +48,9 @@ from gpu_stack_webhook.policy.live import (
 )
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
 from gpu_stack_webhook.server.live_policy import LivePolicy
-from kube_fake import FakeKube
-from podlib import container, make_pod
+
+from .kube_fake import FakeKube
+from .podlib import container, make_pod
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TIME_SLICING = """version: v1

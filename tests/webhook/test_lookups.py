@@ -14,9 +14,10 @@ from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from kube_fake import FakeKube
-from podlib import GPU, apply_patch, container, make_pod, review, wrap
-from policylib import config_default, config_mps
+
+from .kube_fake import FakeKube
+from .podlib import GPU, apply_patch, container, make_pod, review, wrap
+from .policylib import config_default, config_mps
 
 NS = "team-a"
 CM = "app-env"

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import container, make_pod, review
-from test_faults import wait_for, worker_pids
-from tls_helpers import Server, client_context, running_server, wait_for_listening_workers
+
+from .podlib import container, make_pod, review
+from .test_faults import wait_for, worker_pids
+from .tls_helpers import Server, client_context, running_server, wait_for_listening_workers
 
 POD = make_pod([container("main", gpu=1)])
 SLOTS = 2 * 2  # workers x threads in running_server

@@ -21,8 +21,9 @@ from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import answer
 from gpu_stack_webhook.admission.review import build_response
 from gpu_stack_webhook.policy.engine import Policy
-from podlib import GPU, container, make_pod, review
-from policylib import config_mps
+
+from .podlib import GPU, container, make_pod, review
+from .policylib import config_mps
 
 THREADS = 8
 ROUNDS = 400

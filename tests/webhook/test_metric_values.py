@@ -19,11 +19,12 @@ from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server import gunicorn_conf, metric_values
 from gpu_stack_webhook.server.metrics import Metrics
-from podlib import container, make_pod, review
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
+
+from .podlib import container, make_pod, review
 
 REVIEWS = ("gpu_stack_admission_reviews_total", {"endpoint": "validate", "decision": "denied", "kind": "Pod"})
 DURATIONS = ("gpu_stack_admission_duration_seconds_count", {"endpoint": "validate"})

@@ -9,7 +9,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from recordlib import REPO_ROOT
+
+from .recordlib import REPO_ROOT
 
 PACKAGE = "gpu_stack_webhook"
 SOURCES = sorted((REPO_ROOT / "webhook" / "src" / PACKAGE).rglob("*.py"))

@@ -17,9 +17,10 @@ from gpu_stack_webhook.admission.pipeline import response_of
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
-from podlib import GPU, apply_patch
-from policylib import config_default, config_mps
-from recordlib import recorded, recorded_names, recorded_params
+
+from .podlib import GPU, apply_patch
+from .policylib import config_default, config_mps
+from .recordlib import recorded, recorded_names, recorded_params
 
 # The recorded apiserver is v1.36; kubernetes-validate ships that schema.
 K8S_SCHEMA_VERSION = "1.36.0"

@@ -13,9 +13,10 @@ import yaml
 from gpu_stack_webhook.admission.decide import Decision
 from gpu_stack_webhook.admission.pipeline import response_of
 from gpu_stack_webhook.admission.review import MAX_WARNING_CHARS, short_warning
-from podlib import GPU, container, make_pod, wrap
-from policylib import CONFIG_LABEL, config_mig, config_mps, config_per_node, decide
-from recordlib import FIXTURES, recorded, recorded_params
+
+from .podlib import GPU, container, make_pod, wrap
+from .policylib import CONFIG_LABEL, config_mig, config_mps, config_per_node, decide
+from .recordlib import FIXTURES, recorded, recorded_params
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 OPS = ({"op": "add", "path": "/spec/hostIPC", "value": True},)

@@ -17,8 +17,9 @@ from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
-from podlib import GPU, container, make_pod, review
 from prometheus_client.parser import text_string_to_metric_families
+
+from .podlib import GPU, container, make_pod, review
 
 LONG_NAME = "a-container-with-a-rather-long-name-that-kubernetes-still-allows"
 DENIED_AND_WARNED = make_pod(

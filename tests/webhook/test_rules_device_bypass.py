@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import (
+
+from .podlib import (
     ALL_KINDS,
     CONTAINER_KINDS,
     CONTAINER_LABEL,
@@ -21,7 +22,7 @@ from podlib import (
     pod_with,
     wrap,
 )
-from policylib import config_default, decide, findings, only
+from .policylib import config_default, decide, findings, only
 
 RULE = "GPU007"
 DIR = "/var/run/nvidia-container-devices"

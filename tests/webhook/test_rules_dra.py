@@ -16,8 +16,9 @@ from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from kube_fake import FakeKube
-from podlib import (
+
+from .kube_fake import FakeKube
+from .podlib import (
     apply_patch,
     claim_ref,
     claim_spec,
@@ -30,7 +31,7 @@ from podlib import (
     with_claims,
     wrap,
 )
-from policylib import make_config
+from .policylib import make_config
 
 NS = "team-a"
 DRA = "resource.k8s.io"

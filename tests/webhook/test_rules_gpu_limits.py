@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import (
+
+from .podlib import (
     ALL_KINDS,
     CONTAINER_KINDS,
     CONTAINER_LABEL,
@@ -19,7 +20,7 @@ from podlib import (
     pod_with,
     wrap,
 )
-from policylib import config_default, decide, findings, only, rule_patch, summary
+from .policylib import config_default, decide, findings, only, rule_patch, summary
 
 RULE = "GPU001"
 REQ = f"resources.requests[{GPU}]"

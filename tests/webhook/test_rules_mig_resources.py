@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
-from policylib import CONFIG_LABEL, config_default, config_mig, config_per_node, decide, findings, make_config, only
+
+from .podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
+from .policylib import CONFIG_LABEL, config_default, config_mig, config_per_node, decide, findings, make_config, only
 
 RULE = "GPU005"
 MIG = "nvidia.com/mig-1g.5gb"

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import CONTAINER_KINDS, GPU, SPEC_PATH, WORKLOAD_KINDS, apply_patch, container, make_pod, pod_with, wrap
-from policylib import CONFIG_LABEL, config_default, config_mps, config_per_node, decide, findings, only, rule_patch
+
+from .podlib import CONTAINER_KINDS, GPU, SPEC_PATH, WORKLOAD_KINDS, apply_patch, container, make_pod, pod_with, wrap
+from .policylib import CONFIG_LABEL, config_default, config_mps, config_per_node, decide, findings, only, rule_patch
 
 RULE = "GPU006"
 MPS_LABEL = "nvidia.com/mps.capable"

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
-from policylib import (
+
+from .podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, GPU, SPEC_PATH, container, make_pod, pod_with, wrap
+from .policylib import (
     CONFIG_LABEL,
     CUSTOM_CONFIG_LABEL,
     config_default,

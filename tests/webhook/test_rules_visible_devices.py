@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 from gpu_stack_webhook.policy.findings import Severity
-from podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, SPEC_PATH, container, make_pod, pod_with, wrap
-from policylib import config_default, decide, findings, only, summary
+
+from .podlib import ALL_KINDS, CONTAINER_KINDS, CONTAINER_LABEL, SPEC_PATH, container, make_pod, pod_with, wrap
+from .policylib import config_default, decide, findings, only, summary
 
 RULE = "GPU002"
 VAR = "NVIDIA_VISIBLE_DEVICES"

@@ -17,8 +17,9 @@ from gpu_stack_webhook.cli.main import check_object
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
-from podlib import GPU, container, make_pod
-from tls_helpers import Server, running_server
+
+from .podlib import GPU, container, make_pod
+from .tls_helpers import Server, running_server
 
 LIMIT = 16384
 POLICY = {"maxRequestBytes": LIMIT}

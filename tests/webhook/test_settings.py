@@ -17,7 +17,8 @@ from gpu_stack_webhook.settings import (
     load_terminal_settings,
     variables,
 )
-from recordlib import REPO_ROOT
+
+from .recordlib import REPO_ROOT
 
 NAMES = [name for name, _, _ in variables(Settings) + variables(TerminalSettings)]
 

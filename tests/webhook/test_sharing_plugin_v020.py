@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 from gpu_stack_webhook.policy.sharing import SharingIndex, Strategy
-from policylib import make_config
+
+from .policylib import make_config
 
 
 def index(plugin: dict[str, Any]) -> SharingIndex:

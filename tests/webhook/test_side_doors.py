@@ -41,11 +41,12 @@ from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
-from kube_fake import FakeKube, fake_apiserver, kubeconfig
-from podlib import apply_patch, container, make_pod, review, wrap
-from policylib import make_config
-from recordlib import recorded
-from tls_helpers import Client, Server, make_pki, running_server
+
+from .kube_fake import FakeKube, fake_apiserver, kubeconfig
+from .podlib import apply_patch, container, make_pod, review, wrap
+from .policylib import make_config
+from .recordlib import recorded
+from .tls_helpers import Client, Server, make_pki, running_server
 
 LABEL = "nvidia.com/device-plugin.config"
 RDMA = "nvidia.com/rdma_shared_device_a"

@@ -22,9 +22,10 @@ import yaml
 from cryptography import x509
 from gpu_stack_webhook.kube.client import VALIDATING
 from gpu_stack_webhook.tls.config import CA_CRT, TLS_CRT
-from kube_fake import FakeKube, fake_apiserver, kubeconfig, standard_fake
-from podlib import container, make_pod, review
-from tls_helpers import STARTUP_SECONDS, Pki, cli_command, free_port, make_pki
+
+from .kube_fake import FakeKube, fake_apiserver, kubeconfig, standard_fake
+from .podlib import container, make_pod, review
+from .tls_helpers import STARTUP_SECONDS, Pki, cli_command, free_port, make_pki
 
 NS, SECRET, SVC, CONFIG = "gpu-stack", "t-gpu-stack-webhook-tls", "t-gpu-stack-webhook", "t-gpu-stack-webhook"
 SNI = f"{SVC}.{NS}.svc"

@@ -28,7 +28,8 @@ from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
 from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, Settings
 from gpu_stack_webhook.tls.material import fingerprint, load_bundle
 from gpu_stack_webhook.tls.selfmanaged import TlsManager
-from kube_fake import FakeKube, standard_fake
+
+from .kube_fake import FakeKube, standard_fake
 
 NS, SECRET, SVC, CONFIG = "gpu-stack", "gpu-stack-webhook-tls", "gpu-stack-webhook", "gpu-stack-webhook"
 DAY = datetime.timedelta(days=1)

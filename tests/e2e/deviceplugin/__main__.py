@@ -23,8 +23,7 @@ import threading
 from pathlib import Path
 
 import yaml
-
-from tests.e2e.fleet import ChartSharing, NodeSpec
+from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec
 
 from .model import mps_root_of, node_plugin
 from .server import StandInPlugin

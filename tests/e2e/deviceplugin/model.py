@@ -1,7 +1,7 @@
 """What the NVIDIA device plugin (NVIDIA/k8s-device-plugin v0.20.0, the version the chart pins) advertises
 and answers for one node, computed from the chart's render (pure: no gRPC, no files).
 
-A node is a `tests/e2e/fleet.py` NodeSpec (GPU model and count, the device plugin config it is labelled
+A node is a `gpu_stack_dev.e2e.fleet` NodeSpec (GPU model and count, the device plugin config it is labelled
 with, its MIG layout); the config file is the one the chart renders for it (fleet.ChartSharing), so the
 resource names, replica counts and MIG resources come from the same functions that give the fleet its
 numbers. Upstream facts, all at v0.20.0:
@@ -44,17 +44,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.e2e.fleet import (
+from gpu_stack_dev.e2e.fleet import (
     FULL_GPU,
     GPU_MODELS,
     MIG_RESOURCE_PREFIX,
     ChartSharing,
     FleetError,
     NodeSpec,
-    _sharing_of,
     mig_layout,
     mig_strategy,
 )
+from gpu_stack_dev.e2e.fleet_plan import _sharing_of
 
 HEALTHY = "Healthy"  # k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 constants.go
 UNHEALTHY = "Unhealthy"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -41,5 +42,13 @@ def load() -> tuple[ModuleType, ModuleType]:
                         str(out / PACKAGE / "api.proto")])
     if code != 0:
         raise StubError(f"protoc failed on {PROTO} (exit {code})")
-    sys.path.insert(0, str(out))
+    # The generated package is imported from where protoc wrote it: registered under its own name (api_pb2_grpc
+    # imports api_pb2 through it), with that directory as its only search location, so the import path
+    # stays as it is.
+    init = out / PACKAGE / "__init__.py"
+    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = package
+    spec.loader.exec_module(package)
     return importlib.import_module(f"{PACKAGE}.api_pb2"), importlib.import_module(f"{PACKAGE}.api_pb2_grpc")

@@ -20,12 +20,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import netns
-import node
 import pytest
+from gpu_stack_dev import netns, node
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases, controlplane
+from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE, TEST_NAMESPACE, image_parts, install_values
 
-from ..e2elib import E2ECluster, Release, Releases, controlplane
-from .install import IMAGE_ARCHIVE, TEST_NAMESPACE, image_parts, install_values
 from .podlogs import explain_pods
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..e2elib import E2ECluster
+from gpu_stack_dev.e2e.e2elib import E2ECluster
 
 
 def explain_pods(cluster: E2ECluster, namespace: str, selector: str = "", lines: int = 30) -> str:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.chart.chartlib import render
+from gpu_stack_dev.chartlib import render
+from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
+
 from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT, NodePlugin, mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import write_health
-from tests.e2e.fleet import ChartSharing, NodeSpec, plan
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # The container prints what the NVIDIA runtime would read: the variable and the device-list mounts.

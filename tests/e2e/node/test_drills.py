@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases, unique
+from gpu_stack_dev.e2e.node_install import install_values, webhook_pods
 
-from ..e2elib import WEBHOOK_KINDS, E2ECluster, Release, Releases, unique
 from .conftest import install_and_wait
-from .install import install_values, webhook_pods
 
 BAD_GPU = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}},
            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}

@@ -14,9 +14,8 @@ import subprocess
 import time
 
 import yaml
-
-from ..e2elib import ROOT, WEBHOOK_KINDS, E2ECluster, Release, unique
-from .install import TEST_NAMESPACE, webhook_pods
+from gpu_stack_dev.e2e.e2elib import ROOT, WEBHOOK_KINDS, E2ECluster, Release, unique
+from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE, webhook_pods
 
 DEMO_MANIFESTS = ROOT / "hack" / "demo" / "manifests"
 

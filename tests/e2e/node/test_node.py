@@ -1,4 +1,4 @@
-"""The node harness itself (hack/node.py), where a user of `make e2e` meets it: a node that cannot come up
+"""The node harness itself (gpu_stack_dev.node), where a user of `make e2e` meets it: a node that cannot come up
 fails with the last lines of the kubelet's and containerd's logs, and leaves no process behind."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-import node
 import pytest
+from gpu_stack_dev import node
 
 
 def test_a_node_whose_kubelet_dies_fails_with_its_log_and_stops_everything(real_node: node.Node,

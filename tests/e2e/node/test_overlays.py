@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, overlays, unique
 
-from ..e2elib import E2ECluster, Releases, overlays, unique
 from .conftest import install_and_wait
 
 # Overlays whose install needs another project running (its CRDs and controller, or the GPU agents whose

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases
+from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 
 from tests.e2e.deviceplugin.model import MPS_CONTAINER_ROOT, VOLUME_MOUNTS_ROOT
 
-from ..e2elib import E2ECluster, Releases
 from .conftest import install_and_wait
-from .install import TEST_NAMESPACE
 from .standin import StandIn, gpu_resources, wait_for
 
 OVERLAY = "mps-x10.yaml"

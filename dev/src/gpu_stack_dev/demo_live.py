@@ -1,8 +1,8 @@
 """`make demo` against a real control plane: the chart installed with Helm, the webhook called by the API
 server, real `kubectl apply` of hack/demo/manifests.
 
-Reuses the end-to-end building blocks (tests/e2e/e2elib.py: E2ECluster, Releases, LiveWebhook) and
-hack/controlplane.py; this module only decides what to show. `run(cluster)` installs the release
+Reuses the end-to-end building blocks (gpu_stack_dev.e2e.e2elib: E2ECluster, Releases, LiveWebhook) and
+gpu_stack_dev.controlplane; this module only decides what to show. `run(cluster)` installs the release
 `gpu-stack-demo` with Chart-values-examples/per-node-configs.yaml (exclusive, time-slicing, MPS and MIG
 configs side by side, so every manifest meets the config it names), serves `gpu-stack-webhook serve` on
 loopback with the release's webhook configurations re-pointed at it, applies every manifest into a
@@ -23,16 +23,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.e2e.e2elib import (  # noqa: E402
+from gpu_stack_dev import controlplane
+from gpu_stack_dev.e2e.e2elib import (
     FAKE_WEBHOOK_IMAGE,
     E2ECluster,
     LiveWebhook,
     Releases,
-    controlplane,
     unique,
 )
+from gpu_stack_dev.paths import ROOT
 
 MANIFESTS = ROOT / "hack" / "demo" / "manifests"
 OVERLAY = "per-node-configs.yaml"

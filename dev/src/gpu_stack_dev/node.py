@@ -33,16 +33,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import controlplane
-import netns
-from controlplane_pki import write_client_cert, write_kubeconfig
+from gpu_stack_dev import controlplane, netns
+from gpu_stack_dev.controlplane.pki import write_client_cert, write_kubeconfig
+from gpu_stack_dev.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NODE_IP = "10.77.0.1"
 NODE_NAME = "e2e-node"
 POD_CIDR = "10.88.0.0/24"
@@ -97,7 +94,8 @@ class Node:
 
     def run_in_netns(self, cmd: list[str], **popen: object) -> subprocess.Popen[bytes]:
         """Start a process beside the node (this process already runs in the node's network namespace)."""
-        return subprocess.Popen(cmd, **popen)  # type: ignore[call-overload]
+        proc: subprocess.Popen[bytes] = subprocess.Popen(cmd, **popen)  # type: ignore[call-overload]
+        return proc
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> Node:

@@ -9,11 +9,9 @@ there), /validate the generated name and the object's uid. The request uid (and 
 name and uid) end in SERIAL_MARK: bench/mix.lua writes a serial number there on every send, so no two
 requests of a run carry the same uid or name, as from an API server.
 
-The issue 14 pod and the recorded cases:
-
-Every body starts from a request a real kube-apiserver v1.36 sent (tests/fixtures/apiserver-v1.36,
-copied from ../shared/fixtures) and is scaled up from it, so headers, managedFields, the ServiceAccount volume
-and the defaulted fields are what the webhook really sees:
+The issue 14 pod and the recorded cases. Every body starts from a request a real kube-apiserver v1.36 sent
+(tests/fixtures/apiserver-v1.36, copied from ../shared/fixtures) and is scaled up from it, so headers,
+managedFields, the ServiceAccount volume and the defaulted fields are what the webhook really sees:
 
 * `gpu-pod`: the recorded 1-container GPU pod (`pod-gpu-limit-only-*`), unchanged.
 * `pod-10x50env`: the same pod with 10 containers of 50 env vars each (GPU in the first).
@@ -23,8 +21,8 @@ and the defaulted fields are what the webhook really sees:
 
 `scaled_pod(n)` gives the 1/10/50/200-container pods of the size sweep. `gpu_pod_3c(endpoint)` is the pod of
 issue 14's targets: the recorded GPU pod with 3 containers of 20 env vars each; on /mutate it carries the
-MPS annotation, so the answer has a patch. Bodies are compact JSON, as
-the apiserver sends them (the recordings are pretty-printed only for storage).
+MPS annotation, so the answer has a patch. Bodies are compact JSON, as the apiserver sends them (the
+recordings are pretty-printed only for storage).
 """
 
 from __future__ import annotations
@@ -37,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from gpu_stack_dev.paths import ROOT as REPO_ROOT
+
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "apiserver-v1.36" / "admission-requests"
 ENDPOINTS = ("validate", "mutate")
 MPS_ANNOTATION = "gpu-stack.io/mps"

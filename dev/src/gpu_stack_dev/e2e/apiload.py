@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
+from gpu_stack_dev import controlplane, paths
+
 from . import e2elib
 from .e2elib import E2ECluster
 
@@ -221,8 +223,8 @@ class BareWebhook(e2elib.LiveWebhook):
 
     def _serve(self, args: list[str]) -> None:
         assert self.pki is not None
-        self.port = e2elib.controlplane.free_port()
-        command = [sys.executable, str(e2elib.ROOT / "bench" / "baseline_app.py"), "--cert", str(self.pki.cert),
+        self.port = controlplane.free_port()
+        command = [sys.executable, str(paths.ROOT / "bench" / "baseline_app.py"), "--cert", str(self.pki.cert),
                    "--key", str(self.pki.key), "--bind", f"127.0.0.1:{self.port}", *SIZING, *self.baseline_args]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,

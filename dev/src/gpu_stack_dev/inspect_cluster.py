@@ -26,12 +26,12 @@ from __future__ import annotations
 import copy
 import subprocess
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from gpu_stack_dev.paths import ROOT
+
 VALUES = ROOT / "Chart-values-examples" / "per-node-configs.yaml"
 RELEASE = NAMESPACE = "gpu-stack"
 CONFIGMAP = "gpu-stack-device-plugin-configs"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-import node
+from gpu_stack_dev import node
+from gpu_stack_dev.paths import ROOT
 
-from ..e2elib import ROOT, E2ECluster, Release
+from .e2elib import E2ECluster, Release
 
 IMAGE = os.environ.get("E2E_IMAGE", "localhost/gpu-stack-webhook:e2e")
 IMAGE_ARCHIVE = Path(os.environ.get("E2E_IMAGE_ARCHIVE", ROOT / ".tools" / "images" / "gpu-stack-webhook-e2e.tar"))
@@ -40,7 +42,8 @@ def install_values(**extra: object) -> dict[str, object]:
     return {"webhook.image.repository": repository, "webhook.image.tag": tag, **INSTALL_SET, **extra}
 
 
-def webhook_pods(cluster: E2ECluster, release: Release) -> list[dict]:
+def webhook_pods(cluster: E2ECluster, release: Release) -> list[dict[str, Any]]:
     """The release's webhook pods, terminating ones included."""
     selector = f"{release.selector},app.kubernetes.io/component=webhook"
-    return cluster.get_json("pods", "-n", release.namespace, "-l", selector)["items"]
+    pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", release.namespace, "-l", selector)["items"]
+    return pods

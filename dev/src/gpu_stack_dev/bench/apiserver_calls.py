@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiserver_rounds import Latencies
+from gpu_stack_dev.bench.apiserver_rounds import Latencies
 
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"
@@ -147,7 +147,7 @@ def _med(values: Sequence[float]) -> float:
 def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: str, command: str,
            conditions: Mapping[str, int], concurrency: int, notes: Sequence[str] = ()) -> str:
     """`conditions`: webhook name -> how many matchConditions the chart renders for it."""
-    rounds = max((r.round for r in [*calls, *latency]), default=0)
+    rounds = max([r.round for r in calls] + [r.round for r in latency], default=0)
     creates = calls[0].creates if calls else 0
     gpu = calls[0].gpu_pods if calls else 0
     rendered = ", ".join(f"{name}: {n}" for name, n in sorted(conditions.items())) or "none"

@@ -114,6 +114,9 @@ def devices(spec: DraNodeSpec) -> list[dict[str, Any]]:
         raise FleetError(f"node {spec.name}: no NVML facts for GPU model {spec.model!r} ({', '.join(NVML)})")
     if spec.gpus <= 0 or any(not 0 <= minor < spec.gpus for minor in spec.mig):
         raise FleetError(f"node {spec.name}: gpus={spec.gpus}, MIG on GPUs {sorted(spec.mig)}")
+    memory_mib = GPU_MODELS[spec.model].memory_mib
+    if memory_mib is None:
+        raise FleetError(f"node {spec.name}: GPU model {spec.model!r} has no memory size")
     out: list[dict[str, Any]] = []
     for minor in range(spec.gpus):
         uuid = _uuid("GPU", spec.name, minor)
@@ -130,7 +133,7 @@ def devices(spec: DraNodeSpec) -> list[dict[str, Any]]:
         if minor not in spec.mig:
             out.append({"name": f"gpu-{minor}",
                         "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}, **common},
-                        "capacity": {"memory": {"value": _mib(GPU_MODELS[spec.model].memory_mib)}}})
+                        "capacity": {"memory": {"value": _mib(memory_mib)}}})
             continue
         start = 0
         for profile_name in spec.mig[minor]:

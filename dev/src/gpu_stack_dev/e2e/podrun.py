@@ -35,7 +35,10 @@ from typing import Any
 
 import yaml
 
-from .e2elib import ROOT, E2ECluster, controlplane
+from gpu_stack_dev import controlplane
+from gpu_stack_dev.paths import ROOT
+
+from .e2elib import E2ECluster
 
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # webhook/Dockerfile, runtime stage: ENV (PATH's venv is the repo's, which the image's /opt/venv stands for).

@@ -16,7 +16,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from gpu_stack_dev.paths import ROOT as REPO_ROOT
+
 STAMP_PREFIX = "Run: "
 # What the bench itself writes while it runs: a change there is the run's output, not code measured.
 OUTPUTS = ("BENCHMARKS.md", "bench/flamegraphs", "bench/soak.md", "bench/inspect-scale.md")
@@ -53,7 +54,7 @@ def file_origin(path: Path) -> str:
     return f"{rel}, last changed at commit {sha} ({date})" + (" + uncommitted changes" if dirty else "")
 
 
-# The blocks bench/report.py derives from the parts (refresh_sources): not parts themselves.
+# The blocks gpu_stack_dev.bench.report derives from the parts (refresh_sources): not parts themselves.
 GENERATED = ("sources", "targets-summary", "parts")
 _MARKED = re.compile(r"<!-- (?P<name>[\w-]+):begin(?P<rest>[^>]*)-->(?P<body>.*?)<!-- (?P=name):end -->", re.DOTALL)
 _HEADING = re.compile(r"^## (.+)$", re.MULTILINE)

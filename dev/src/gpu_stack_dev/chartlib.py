@@ -17,9 +17,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "gpu-stack"
-EXAMPLES = ROOT / "Chart-values-examples"
+from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT
+
 RELEASE = "t"
 NAMESPACE = "gpu-stack"
 FULLNAME = f"{RELEASE}-gpu-stack"
@@ -125,11 +124,13 @@ def one(objects: Iterable[Mapping[str, Any]], kind: str, name: str) -> dict[str,
 
 
 def load_values() -> dict[str, Any]:
-    return yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    return values
 
 
 def load_schema() -> dict[str, Any]:
-    return json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    return schema
 
 
 def overlay_values(overlay: str) -> dict[str, Any]:

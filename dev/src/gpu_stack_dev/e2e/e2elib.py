@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,11 +29,8 @@ from typing import Any
 import yaml
 from gpu_stack_webhook.tls.certs import PkiFiles, write_loopback_pki
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "gpu-stack"
-EXAMPLES = ROOT / "Chart-values-examples"
-sys.path.insert(0, str(ROOT / "hack"))
-import controlplane  # noqa: E402
+from gpu_stack_dev import controlplane
+from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT
 
 WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 # The webhook image every release here names unless a test says otherwise: the chart refuses an install
@@ -115,7 +112,7 @@ class E2ECluster:
         """A `kubernetes.client.ApiClient` for the admin kubeconfig."""
         from kubernetes import config  # noqa: PLC0415  (slow import, only when used)
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
 
     def wait_default_serviceaccount(self, namespace: str, timeout: float = 60) -> None:
         """Pods need the namespace's "default" ServiceAccount, which the controller manager creates."""
@@ -172,7 +169,7 @@ class Releases:
         self.installed: list[Release] = []
         self.namespaces: list[str] = []
 
-    def helm_for(self, major: int) -> Any:
+    def helm_for(self, major: int) -> Callable[..., subprocess.CompletedProcess[str]]:
         return self.cluster.helm if major == 4 else self.cluster.helm3
 
     @staticmethod

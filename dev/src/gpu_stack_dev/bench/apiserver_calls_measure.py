@@ -1,0 +1,127 @@
+"""The second part of bench/apiserver_load.py measured: webhook calls per 1,000 mixed creates with and without
+matchConditions, and the latency of pods without GPUs with the configurations on, off and all `false`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_stack_dev.bench import apiserver_calls as calls_
+from gpu_stack_dev.bench.apiserver_plane import Bench, cpu_seconds, delete_pods, settle
+from gpu_stack_dev.bench.apiserver_webhooks import (
+    CONFIG_SETTLE,
+    HOOKS,
+    set_conditions,
+    set_webhook,
+    webhook_configurations,
+)
+from gpu_stack_dev.e2e import apiload, e2elib
+
+
+def mixed_pod(index: int) -> dict[str, Any]:
+    return apiload.pod_body(gpu=calls_.gpu_at(index))
+
+def plain_pod(index: int) -> dict[str, Any]:
+    return apiload.pod_body(gpu=False)
+
+Calls = dict[tuple[str, str], float]
+
+async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: int,
+                        pods: Callable[[int], dict[str, Any]], rate: float | None = None
+                        ) -> tuple[apiload.LoadResult, Calls, float]:
+    """Delete the namespace's pods, settle, a warm-up (one create per client, not counted), then `total`
+    creates, closed loop with `concurrency` clients or, given a `rate`, paced at `rate` per second over
+    `concurrency` connections; the webhook calls the API server counted during them, by (name, type), and
+    the CPU seconds the API server spent meanwhile."""
+    token = bench.tokens[namespace]
+    async with apiload.session(bench.context, concurrency) as client:
+        await delete_pods(client, bench.url, token, namespace)
+        settle(bench.quiet_pids)
+        await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
+        before = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]])
+        if rate is None:
+            result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
+        else:
+            result = await apiload.paced_batch(client, bench.url, token, namespace, total, rate, concurrency, pods)
+        cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
+        after = calls_.parse_calls(bench.cluster.kubectl("get", "--raw", "/metrics").stdout, HOOKS)
+    return result, calls_.delta(after, before), cpu
+
+def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
+                  rounds: int, concurrency: int, rates: Sequence[float] = ()
+                  ) -> tuple[list[calls_.CallsRun], list[calls_.LatencyRun], dict[str, int]]:
+    """Issue 25 item 6, with the configurations already pointed at our webhook."""
+    rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
+    calls: list[calls_.CallsRun] = []
+    latency: list[calls_.LatencyRun] = []
+    loads: list[tuple[str, float | None]] = [(calls_.CLOSED, None), *((calls_.paced(r), r) for r in rates)]
+    for i in range(1, rounds + 1):
+        for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
+            set_conditions(bench.cluster, release, rendered, keep=config == calls_.AFTER)
+            result, counted, _ = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
+            run = calls_.CallsRun(round=i, config=config, creates=creates, created=result.created,
+                                  gpu_pods=sum(calls_.gpu_at(n) for n in range(creates)), calls=counted,
+                                  failures=dict(result.failures))
+            calls.append(run)
+            print(f"  calls round {i} {config:34} {result.created}/{creates} created; per 1,000 creates: "
+                  + ", ".join(f"{name} {kind} {run.per_1000((name, kind)):.0f}" for name, kind in counted), flush=True)
+        set_conditions(bench.cluster, release, rendered, keep=True)
+        # Each state's creates as two batches in mirrored order (off, on, floor, floor, on, off; reversed
+        # next round): the machine's speed drifts between batches by more than 5%, and a linear drift then
+        # falls on every state alike.
+        order = (calls_.OFF, calls_.ON, calls_.FLOOR)
+        order = order if i % 2 else order[::-1]
+        parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load)
+                 for state in order for load, _ in loads}
+        for state in (*order, *reversed(order)):
+            set_webhook(bench.cluster, release, rendered, namespace, state)
+            half = latency_creates // 2
+            for load, rate in loads:
+                result, _, cpu = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod, rate))
+                part = parts[state, load]
+                part.apiserver_cpu_s += cpu
+                part.latencies_ms += [1000 * t for t in result.latencies]
+                part.total += half
+                for what, n in result.failures.items():
+                    part.failures[what] = part.failures.get(what, 0) + n
+                print(f"  latency round {i} {state:38} {load:22} {result.created}/{half} created, "
+                      f"avg {result.mean_ms:.1f} ms, p99 {result.percentile_ms(99):.1f} ms", flush=True)
+        latency += parts.values()
+        set_webhook(bench.cluster, release, rendered, namespace, calls_.ON)
+    return calls, latency, calls_.conditions_of(rendered)
+
+@dataclass
+class CallsPlan:
+    creates: int = 1000
+    latency_creates: int = 2000
+    rounds: int = 3
+    concurrency: int = 20
+    # Paced loads besides the closed loop: creates per second sent whatever the answers. 50/s is a busy
+    # cluster's controllers (a wide Job or a rollout); this API server does 500-700/s flat out.
+    rates: tuple[float, ...] = (50.0,)
+
+@dataclass
+class CallsResult:
+    calls: list[calls_.CallsRun]
+    latency: list[calls_.LatencyRun]
+    conditions: dict[str, int]
+    seconds: float
+
+def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
+    return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
+            "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
+            "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
+            "latencies of the same round and load"
+            + (f"; each batch once per load (closed loop, then paced at {', '.join(f'{r:g}' for r in plan.rates)} "
+               "creates/s over the same number of connections)" if plan.rates else "")
+            + ". Configurations switched by deleting them (off), "
+            "creating them again as the chart rendered them (on), or patching every webhook's matchConditions to "
+            "the constant `false` (floor), each time waiting until a dry-run GPU pod "
+            f"setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off; floor, then {CONFIG_SETTLE:g} s more).",
+            f"Between `before` and `after` the matchConditions are patched out or back in, then the bench waits "
+            f"{CONFIG_SETTLE:g} s (the API server's informer applies a configuration change within milliseconds on "
+            "loopback) and sends a warm-up batch before counting.",
+            f"This part took {result.seconds:.0f} s."]

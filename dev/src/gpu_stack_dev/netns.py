@@ -1,0 +1,135 @@
+"""Run a command in a network and mount namespace of its own, and leave nothing behind.
+
+    python hack/netns.py run -- CMD [ARG...]
+
+`make e2e` runs its tests this way (as root), so that the real node some of them start (gpu_stack_dev.node:
+kubelet, containerd, gVisor sandboxes, a CNI bridge, kube-proxy's iptables rules) and every control plane
+listen and dial only inside a namespace this run created, never in the machine's own:
+- a new network namespace with only `lo` (up): loopback traffic stays in it, the pods' namespaces hang off
+  a bridge inside it;
+- a new mount namespace with private propagation: the node's mounts (pod volumes, container root
+  filesystems, CNI network namespace files) exist only there.
+When CMD ends, or this wrapper is interrupted (Ctrl-C, SIGTERM), every process still in the network
+namespace (containerd shims, gVisor sandboxes) is killed; the kernel then frees both namespaces, and with
+them every mount, bridge and iptables rule. CMD sees GPU_STACK_E2E_NETNS set to the machine's own network
+namespace (as /proc/self/ns/net names it), so it can tell that it runs elsewhere (`inside()`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARKER = "GPU_STACK_E2E_NETNS"
+
+
+def can_isolate() -> str:
+    """Empty when this process can make the namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "not root (the namespaces and a real node need root)"
+    for tool in ("unshare", "ip"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    return ""
+
+
+def inside() -> bool:
+    """True in a process that hack/netns.py started in a namespace of its own."""
+    outer = os.environ.get(MARKER, "")
+    try:
+        return bool(outer) and os.readlink("/proc/self/ns/net") != outer
+    except OSError:
+        return False
+
+
+def processes_in(netns: str) -> list[int]:
+    """The pids whose network namespace is `netns` (a /proc/PID/ns/net link text, e.g. net:[4026532])."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "net") == netns:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def kill_all_in(netns: str) -> None:
+    for _ in range(50):
+        pids = [p for p in processes_in(netns) if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def run(cmd: list[str]) -> int:
+    why = can_isolate()
+    if why:
+        print(f"netns: cannot isolate: {why}", file=sys.stderr)
+        return 2
+    # unshare --fork: CMD is pid-parented by unshare; --kill-child: CMD dies with unshare.
+    inner = ["unshare", "--net", "--mount", "--propagation", "private", "--fork", "--kill-child", "--",
+             "sh", "-c", 'ip link set lo up && exec "$@"', "netns", *cmd]
+    child = subprocess.Popen(inner, env={**os.environ, MARKER: os.readlink("/proc/self/ns/net")})
+    netns = ""
+    for _ in range(100):  # the namespace of unshare's child, once it exists
+        try:
+            children = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+            if children:
+                netns = os.readlink(f"/proc/{children[0]}/ns/net")
+                if netns != os.readlink("/proc/self/ns/net"):
+                    break
+                netns = ""
+        except OSError:
+            pass
+        if child.poll() is not None:
+            break
+        time.sleep(0.05)
+
+    def stop(signum: int, _frame: object) -> None:
+        child.send_signal(signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        code = child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if netns:
+            kill_all_in(netns)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="netns.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("check", help="exit 0 when this process can make the namespaces, else say why")
+    runner = sub.add_parser("run", help="run CMD in new network and mount namespaces")
+    runner.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        why = can_isolate()
+        print(why or "ok")
+        return 1 if why else 0
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("run needs a command after --")
+    return run(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
