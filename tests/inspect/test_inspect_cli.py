@@ -93,6 +93,6 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
     (b'{"kind":"NodeList","metadata":{"continue":"a\\"b"},"items":[]}', None),  # escaped: parse the page instead
 ])
 def test_continue_token_is_read_from_list_metadata_only(body: bytes, token: str | None) -> None:
-    from gpu_stack_webhook.kube.inspect import _continue_token  # noqa: PLC0415
+    from gpu_stack_webhook.gpuinspect.fetch import _continue_token  # noqa: PLC0415
 
     assert _continue_token(body) == token

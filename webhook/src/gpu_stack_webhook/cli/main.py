@@ -1,5 +1,5 @@
 """`gpu-stack-webhook`: serve the webhook (gunicorn over TLS), check manifests offline, or inspect the
-cluster's GPUs (inspect_cli; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
+cluster's GPUs (gpuinspect/command.py; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
 
     gpu-stack-webhook serve --config policy.yaml --cert tls.crt --key tls.key --bind 0.0.0.0:8443
     gpu-stack-webhook check -f manifests/ [-f pod.yaml ...] [--config policy.yaml]
@@ -36,7 +36,7 @@ from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply, answer_document
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.cel.check import evaluate_object
-from gpu_stack_webhook.cli import inspect as inspect_cli
+from gpu_stack_webhook.gpuinspect import command as inspect_command
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import DocumentFacts
@@ -320,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what (also: "
                               "kubectl gpu-stack inspect)")
-    inspect_cli.add_arguments(ins)
-    ins.set_defaults(func=inspect_cli.run)
+    inspect_command.add_arguments(ins)
+    ins.set_defaults(func=inspect_command.run)
     return parser
 
 
