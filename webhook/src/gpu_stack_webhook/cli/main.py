@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging.config
 import os
-import ssl
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from gpu_stack_webhook.server import cluster, gunicorn_conf
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.review_routes import WsgiApp
 from gpu_stack_webhook.settings import load_settings
+from gpu_stack_webhook.tls.serving import check_pair
 
 PROG = "gpu-stack-webhook"
 WEBHOOK_NAMES = {"mutate": "mutate.gpu-stack.io", "validate": "validate.gpu-stack.io"}
@@ -69,18 +69,6 @@ def _load_policy(path: str | None) -> Policy:
 # --- serve --------------------------------------------------------------------------------------------
 
 
-def _check_tls_files(cert: str, key: str) -> None:
-    """Fail before gunicorn binds anything when the pair cannot be loaded (gunicorn would only notice
-    in each worker, on the first connection)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(certfile=cert, keyfile=key)
-    except ssl.SSLError as exc:  # before OSError: SSLError is one
-        raise ValueError(f"TLS certificate {cert} and key {key} cannot be used: {exc.reason or exc}") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read TLS certificate {cert} / key {key}: {exc.strerror or exc}") from None
-
-
 def serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
@@ -91,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
         # self-managed TLS: Secret, caBundle and files, before binding
         prepared = cluster.prepare(args, settings.pod_namespace)
-        _check_tls_files(prepared.certfile, prepared.keyfile)
+        check_pair(prepared.certfile, prepared.keyfile)
         options = gunicorn_conf.ServeOptions.from_settings(
             settings, bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
             threads=args.threads, log_level=args.log_level,

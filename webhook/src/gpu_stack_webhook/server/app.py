@@ -31,7 +31,7 @@ from gpu_stack_webhook.server.live_policy import DEFAULT_INTERVAL, LivePolicy
 from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
 from gpu_stack_webhook.server.reloader import PolicySource, serving_policy
 from gpu_stack_webhook.server.review_routes import ReviewRoutes
-from gpu_stack_webhook.settings import Settings, load_settings
+from gpu_stack_webhook.settings import WebhookSettings, load_settings
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
 
@@ -60,7 +60,7 @@ class AppConfig:
     # Cluster lookups for the rules (facts.py); offline unless `serve --cluster-lookups`.
     facts: ClusterFacts = OFFLINE
     # The environment (settings.py): reload interval, metrics directory, policy path for `load`.
-    settings: Settings = field(default_factory=load_settings)
+    settings: WebhookSettings = field(default_factory=load_settings)
     # `serve --policy-source`: the reader of the live configuration the policy follows (kube/live.py),
     # read every `live_interval` seconds (server/live_policy.py); None: the policy file alone.
     live: LiveReader | None = None
@@ -71,7 +71,7 @@ class AppConfig:
         return self.policy.max_request_bytes
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, settings: Settings | None = None,
+    def load(cls, path: str | os.PathLike[str] | None = None, settings: WebhookSettings | None = None,
              **kwargs: Any) -> AppConfig:
         """Read the policy file at `path`, else $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults.
         Raises ConfigError naming the bad key."""

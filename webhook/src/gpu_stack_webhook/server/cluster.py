@@ -4,10 +4,9 @@
 returns where the certificate is, the /readyz hook, the facts for the rules and extra gunicorn hooks:
 
 * `--tls-mode files` (default): --cert/--key are read as they are (cert-manager or a user Secret mounted
-  by the chart); a renewed pair on disk is picked up by server/tls_context.py.
-* `--tls-mode self-managed`: the Secret, CA, serving certificate and caBundle are ensured now (retried a
-  few times, then `serve` exits), the pair is written to --cert-dir, /readyz answers from the ready-file
-  the master writes, and a renewal thread runs in the gunicorn master (started in `when_ready`).
+  by the chart); a renewed pair on disk is picked up by tls/serving.py.
+* `--tls-mode self-managed`: tls/startup.py sets up the Secret, CA, serving certificate and caBundle now,
+  writes the pair to --cert-dir and makes the /readyz hook and the renewal thread (started in `when_ready`).
 * `--cluster-lookups`: the rules may read ConfigMaps and namespace labels (kube/lookups.py), with a short
   request timeout and a TTL cache.
 """
@@ -16,27 +15,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubernetesClientApi
 from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.tls.config import Settings
-from gpu_stack_webhook.tls.files import file_readiness
-from gpu_stack_webhook.tls.selfmanaged import Renewer, TlsManager
-
-log = logging.getLogger("gpu_stack_webhook.tls")
+from gpu_stack_webhook.tls import startup as tls_startup
+from gpu_stack_webhook.tls.config import SelfManagedTls
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_CERT_DIR = "/run/gpu-stack/tls"
-BOOTSTRAP_ATTEMPTS = 6
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -105,39 +98,20 @@ class Prepared:
     live: OperatorReader | DevicePluginReader | None = None
 
 
-def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> Settings:
+def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> SelfManagedTls:
     missing = [flag for flag, value in (
         ("--tls-secret", args.tls_secret), ("--service", args.service)) if not value]
     if not (args.mutating_webhook_configuration or args.validating_webhook_configuration):
         missing.append("--mutating-webhook-configuration or --validating-webhook-configuration")
     if missing:
         raise ValueError(f"--tls-mode self-managed needs {', '.join(missing)}")
-    return Settings(
+    return SelfManagedTls(
         namespace=_namespace(args, pod_namespace), secret_name=args.tls_secret, service_name=args.service,
         mutating_configuration=args.mutating_webhook_configuration or "",
         validating_configuration=args.validating_webhook_configuration or "",
         cert_dir=Path(args.cert_dir), cert_validity=args.cert_validity, cert_renew_before=args.cert_renew_before,
         ca_validity=args.ca_validity, ca_renew_before=args.ca_renew_before, ca_overlap=args.ca_overlap,
     )
-
-
-def bootstrap(manager: TlsManager, attempts: int = BOOTSTRAP_ATTEMPTS, sleep: Callable[[float], None] = time.sleep,
-              ) -> None:
-    """The first reconcile, before gunicorn binds: retried with backoff; raises ValueError at the end."""
-    manager.clear_ready()
-    for attempt in range(1, attempts + 1):
-        try:
-            status = manager.reconcile()
-        except KubeError as exc:
-            log.error("self-managed TLS: attempt %d/%d failed: %s", attempt, attempts, exc)
-            if attempt == attempts:
-                raise ValueError(f"self-managed TLS: cannot set up {manager.where}: {exc}") from None
-            sleep(min(2 ** attempt, 10))
-            continue
-        if not status.ready:
-            log.warning("self-managed TLS: certificate ready, caBundle not yet in place; /readyz stays false "
-                        "until the renewal thread sets it")
-        return
 
 
 def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepared:
@@ -162,22 +136,9 @@ def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepa
             raise ValueError("--cert and --key are required unless --tls-mode self-managed")
         return Prepared(certfile=args.cert, keyfile=args.key, facts=facts, live=live)
     assert api is not None
-    settings = settings_from(args, pod_namespace)
-    manager = TlsManager(api, settings)
-    bootstrap(manager)
-    watch_api = KubernetesClientApi(api.api_client)
-    renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds(),
-                      changes=lambda seconds: watch_api.wait_for_secret_change(
-                          settings.namespace, settings.secret_name, seconds))
-
-    def when_ready(server: Any) -> None:
-        renewer.start()
-
-    return Prepared(
-        certfile=str(settings.certfile), keyfile=str(settings.keyfile),
-        readiness=file_readiness(settings.ready_file), facts=facts,
-        gunicorn_settings={"when_ready": when_ready}, live=live,
-    )
+    serving = tls_startup.start(api, settings_from(args, pod_namespace), args.tls_check_interval.total_seconds())
+    return Prepared(certfile=serving.certfile, keyfile=serving.keyfile, readiness=serving.readiness, facts=facts,
+                    gunicorn_settings={"when_ready": serving.when_ready}, live=live)
 
 
 def live_reader(args: argparse.Namespace, api: KubernetesClientApi) -> OperatorReader | DevicePluginReader | None:

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_stack_webhook.filewatch import file_signature
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.server.reloader import file_signature
 
 log = logging.getLogger("gpu_stack_webhook.server.live_policy")
 DEFAULT_INTERVAL = 2.0

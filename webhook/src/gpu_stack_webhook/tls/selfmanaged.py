@@ -11,7 +11,7 @@ master (`Renewer`). One reconcile:
 2. patches the bundle into the caBundle of every webhook of ITS OWN webhook configurations (strategic
    merge patch by webhook name);
 3. writes tls.crt/tls.key where gunicorn reads them (workers pick a new pair up on their next handshake,
-   see server/tls_context.py) and, once the caBundle is in place, the ready-file /readyz checks.
+   see tls/serving.py) and, once the caBundle is in place, the ready-file /readyz checks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpu_stack_webhook.kube.client import AlreadyExists, Conflict, KubeApi, KubeError, SecretObject
-from gpu_stack_webhook.tls.config import Settings
+from gpu_stack_webhook.tls.config import SelfManagedTls
 from gpu_stack_webhook.tls.files import mark_ready, write_pair
 from gpu_stack_webhook.tls.material import Material
 from gpu_stack_webhook.tls.plan import (
@@ -57,7 +57,7 @@ class Status:
 
 
 class TlsManager:
-    def __init__(self, api: KubeApi, settings: Settings, clock: Callable[[], datetime.datetime] = utcnow) -> None:
+    def __init__(self, api: KubeApi, settings: SelfManagedTls, clock: Callable[[], datetime.datetime] = utcnow) -> None:
         self.api = api
         self.settings = settings
         self.clock = clock
