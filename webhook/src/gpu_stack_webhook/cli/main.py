@@ -38,7 +38,7 @@ from gpu_stack_webhook.cel.check import evaluate_object
 from gpu_stack_webhook.gpuinspect import command as inspect_command
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.policy.facts import DocumentFacts
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts, DocumentFacts
 from gpu_stack_webhook.server import cluster, gunicorn_conf
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.review_routes import WsgiApp
@@ -56,12 +56,13 @@ def _fail(message: str) -> int:
     return EXIT_INPUT
 
 
-def _load_policy(path: str | None) -> Policy:
-    """The policy file at `path` (None: built-in defaults), compiled: a rule ID in `rules.disabled` that
-    does not exist is found when the Policy is built (engine.py). Raises ConfigError naming the key."""
-    config = load_config(path)
+def _load_policy(path: str | None, config: PolicyConfig | None = None, facts: ClusterFacts = OFFLINE) -> Policy:
+    """The policy file at `path` (None: built-in defaults; `config`: as already read from it), compiled: a
+    rule ID in `rules.disabled` that does not exist is found when the Policy is built (engine.py). Raises
+    ConfigError naming the key."""
+    config = config if config is not None else load_config(path)
     try:
-        return Policy(config)
+        return Policy(config, facts=facts)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
@@ -73,12 +74,15 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
         config_path = args.config or settings.policy_path
-        policy = _load_policy(config_path)
+        config = load_config(config_path)
         # the setup logs as gunicorn will: JSON lines
         if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
+        connection = cluster.connect(args)
+        # Built once, here: the app serves this Policy (AppConfig.built) until the policy file changes.
+        policy = _load_policy(config_path, config, connection.facts)
         # self-managed TLS: Secret, caBundle and files, before binding
-        prepared = cluster.prepare(args, settings.pod_namespace)
+        prepared = cluster.prepare(args, connection, settings.pod_namespace)
         check_pair(prepared.certfile, prepared.keyfile)
         options = gunicorn_conf.ServeOptions.from_settings(
             settings, bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
@@ -90,8 +94,9 @@ def serve(args: argparse.Namespace) -> int:
     # /metrics aggregates what every gunicorn worker writes to this directory.
     settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})
     try:
-        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=prepared.facts, settings=settings,
-                               live=prepared.live, live_interval=args.policy_source_interval.total_seconds())
+        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=connection.facts,
+                               settings=settings, live=connection.live, built=policy,
+                               live_interval=args.policy_source_interval.total_seconds())
         if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
             app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
 

@@ -25,6 +25,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from gpu_stack_webhook.admission.pipeline import JSON, error_body
 from gpu_stack_webhook.policy.config import PolicyConfig, load_config
+from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.live_policy import DEFAULT_INTERVAL, LivePolicy
@@ -65,6 +66,9 @@ class AppConfig:
     # read every `live_interval` seconds (server/live_policy.py); None: the policy file alone.
     live: LiveReader | None = None
     live_interval: float = DEFAULT_INTERVAL
+    # The Policy of `policy`, `rules` and `facts` when the caller has built it already (`serve` does, to
+    # refuse a bad policy before binding): served as it is instead of being built again.
+    built: Policy | None = None
 
     @property
     def max_request_bytes(self) -> int:
@@ -99,10 +103,11 @@ def create_app(config: AppConfig) -> Flask:
     policy: PolicySource
     if config.live is not None:
         policy = LivePolicy(config.policy_path, config.policy, config.live, interval=config.live_interval,
-                            describe=config.live.describe(), rules=config.rules, facts=config.facts)
+                            describe=config.live.describe(), built=config.built, rules=config.rules,
+                            facts=config.facts)
     else:
         policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
-                                rules=config.rules, facts=config.facts)
+                                built=config.built, rules=config.rules, facts=config.facts)
     metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
 
     @app.get("/healthz")

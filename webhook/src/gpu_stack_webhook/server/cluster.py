@@ -1,7 +1,8 @@
 """What `gpu-stack-webhook serve` needs from the cluster: self-managed TLS and API lookups.
 
-`add_arguments` adds the flags to the `serve` parser; `prepare(args)` runs before gunicorn binds and
-returns where the certificate is, the /readyz hook, the facts for the rules and extra gunicorn hooks:
+`add_arguments` adds the flags to the `serve` parser; `connect(args)` makes the API access, the facts for
+the rules and the live policy source (`serve` builds its Policy with them); `prepare(args, connection)`
+runs before gunicorn binds and returns where the certificate is, the /readyz hook and extra gunicorn hooks:
 
 * `--tls-mode files` (default): --cert/--key are read as they are (cert-manager or a user Secret mounted
   by the chart); a renewed pair on disk is picked up by tls/serving.py.
@@ -87,15 +88,20 @@ def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
         raise ValueError("--namespace is required (no $POD_NAMESPACE, no ServiceAccount namespace file)") from None
 
 
+@dataclass(frozen=True)
+class Connection:
+    api: KubernetesClientApi | None = None  # None when nothing asked for the API
+    facts: ClusterFacts = OFFLINE
+    # --policy-source other than file: the reader of the live configuration (kube/live.py).
+    live: OperatorReader | DevicePluginReader | None = None
+
+
 @dataclass
 class Prepared:
     certfile: str
     keyfile: str
     readiness: Callable[[], bool] | None = None
-    facts: ClusterFacts = OFFLINE
     gunicorn_settings: dict[str, Any] = field(default_factory=dict)
-    # --policy-source other than file: the reader of the live configuration (kube/live.py).
-    live: OperatorReader | DevicePluginReader | None = None
 
 
 def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> SelfManagedTls:
@@ -114,31 +120,35 @@ def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) ->
     )
 
 
-def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepared:
-    """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
-    ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
+def connect(args: argparse.Namespace) -> Connection:
+    """The API access the flags ask for. Raises ValueError with a message for the user when it cannot be
+    configured."""
     needs_api = args.tls_mode == "self-managed" or args.cluster_lookups or args.policy_source != "file"
-    api = None
-    if needs_api:
-        try:
-            api = KubernetesClientApi.from_environment(args.kubeconfig, DEFAULT_TIMEOUT)
-        except Exception as exc:
-            raise ValueError(f"cannot configure Kubernetes API access: {exc}") from None
+    if not needs_api:
+        return Connection()
+    try:
+        api = KubernetesClientApi.from_environment(args.kubeconfig, DEFAULT_TIMEOUT)
+    except Exception as exc:
+        raise ValueError(f"cannot configure Kubernetes API access: {exc}") from None
     facts: ClusterFacts = OFFLINE
     if args.cluster_lookups:
         timeout = args.lookup_timeout.total_seconds()
-        lookups = KubernetesClientApi(api.api_client, (timeout, timeout)) if api else None
-        assert lookups is not None
-        facts = ApiFacts(lookups, ttl=args.lookup_ttl.total_seconds())
-    live = live_reader(args, api) if api is not None else None
+        facts = ApiFacts(KubernetesClientApi(api.api_client, (timeout, timeout)), ttl=args.lookup_ttl.total_seconds())
+    return Connection(api=api, facts=facts, live=live_reader(args, api))
+
+
+def prepare(args: argparse.Namespace, connection: Connection, pod_namespace: str | None = None) -> Prepared:
+    """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
+    ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
     if args.tls_mode != "self-managed":
         if not (args.cert and args.key):
             raise ValueError("--cert and --key are required unless --tls-mode self-managed")
-        return Prepared(certfile=args.cert, keyfile=args.key, facts=facts, live=live)
-    assert api is not None
-    serving = tls_startup.start(api, settings_from(args, pod_namespace), args.tls_check_interval.total_seconds())
-    return Prepared(certfile=serving.certfile, keyfile=serving.keyfile, readiness=serving.readiness, facts=facts,
-                    gunicorn_settings={"when_ready": serving.when_ready}, live=live)
+        return Prepared(certfile=args.cert, keyfile=args.key)
+    assert connection.api is not None
+    serving = tls_startup.start(connection.api, settings_from(args, pod_namespace),
+                                args.tls_check_interval.total_seconds())
+    return Prepared(certfile=serving.certfile, keyfile=serving.keyfile, readiness=serving.readiness,
+                    gunicorn_settings={"when_ready": serving.when_ready})
 
 
 def live_reader(args: argparse.Namespace, api: KubernetesClientApi) -> OperatorReader | DevicePluginReader | None:

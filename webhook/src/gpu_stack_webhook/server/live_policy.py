@@ -31,7 +31,9 @@ class LivePolicy:
 
     def __init__(self, path: str | None, config: PolicyConfig, read: Callable[[PolicyConfig], PolicyConfig],
                  *, interval: float = DEFAULT_INTERVAL, describe: str = "the live configuration",
-                 **policy_kwargs: Any) -> None:
+                 built: Policy | None = None, **policy_kwargs: Any) -> None:
+        """`built`: the Policy of `config` and `policy_kwargs` when the caller has it already, served as it
+        is while the live configuration adds nothing to `config`."""
         self.path = path
         self.read = read
         self.interval = interval
@@ -40,7 +42,8 @@ class LivePolicy:
         self._base = config
         self._signature = file_signature(path) if path else None
         self._config = read(config)
-        self._current = Policy(self._config, **policy_kwargs)
+        self._current = built if built is not None and self._config == config else Policy(self._config,
+                                                                                          **policy_kwargs)
         self._announce(None)
         self._pid = 0
         self._lock = threading.Lock()
