@@ -140,9 +140,3 @@ def create_app(config: AppConfig) -> Flask:
 
     app.wsgi_app = ReviewRoutes(app.wsgi_app, policy, metrics, config.max_request_bytes)  # type: ignore[method-assign]
     return app
-
-
-def app_from_env() -> Flask:
-    """WSGI entry for plain `gunicorn 'gpu_stack_webhook.server.app:app_from_env()'`: policy from
-    $GPU_STACK_WEBHOOK_CONFIG."""
-    return create_app(AppConfig.load())

@@ -49,8 +49,6 @@ def utcnow() -> datetime.datetime:
 @dataclass
 class Status:
     ready: bool = False
-    secret_version: str = ""
-    serving_serial: int = 0
     bundle: bytes = b""
     reasons: list[str] = field(default_factory=list)
     error: str = ""
@@ -130,7 +128,7 @@ class TlsManager:
         """One pass: Secret, caBundle, files, ready-file. Raises KubeError when the Secret cannot be
         made right (the caller retries); a caBundle problem only keeps the replica unready."""
         with self.lock:
-            secret, material = self.ensure_secret()
+            _, material = self.ensure_secret()
             assert material.serving is not None
             bundle = material.bundle_pem
             try:
@@ -145,9 +143,7 @@ class TlsManager:
             ready_file = self.settings.ready_file
             if published and mark_ready(ready_file):
                 log.info("TLS ready: certificate served, caBundle in place")
-            self.status = Status(ready=ready_file.exists(), secret_version=secret.resource_version,
-                                 serving_serial=material.serving.certificate.serial_number, bundle=bundle,
-                                 reasons=self.status.reasons)
+            self.status = Status(ready=ready_file.exists(), bundle=bundle, reasons=self.status.reasons)
             return self.status
 
     def clear_ready(self) -> None:
