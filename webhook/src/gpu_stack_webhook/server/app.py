@@ -15,13 +15,10 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from werkzeug.exceptions import HTTPException, InternalServerError
-from werkzeug.wrappers import Response as BaseResponse
 
 from gpu_stack_webhook.admission.pipeline import JSON, error_body
 from gpu_stack_webhook.policy.config import PolicyConfig, load_config
@@ -33,6 +30,11 @@ from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
 from gpu_stack_webhook.server.reloader import PolicySource, serving_policy
 from gpu_stack_webhook.server.review_routes import ReviewRoutes
 from gpu_stack_webhook.settings import WebhookSettings, load_settings
+
+if TYPE_CHECKING:
+    from flask import Flask, Response
+    from werkzeug.exceptions import HTTPException
+    from werkzeug.wrappers import Response as BaseResponse
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
 
@@ -84,10 +86,6 @@ class AppConfig:
         return cls(policy=load_config(resolved), policy_path=resolved, settings=settings, **kwargs)
 
 
-def _json(payload: dict[str, Any], status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status=status, mimetype=JSON)
-
-
 def _error_response(exc: HTTPException) -> BaseResponse:
     """Werkzeug's response for the error (keeps headers such as Allow on 405) with a JSON body."""
     response = exc.get_response()
@@ -97,6 +95,14 @@ def _error_response(exc: HTTPException) -> BaseResponse:
 
 
 def create_app(config: AppConfig) -> Flask:
+    # Flask is imported here, where the app is built, not at the top: `gpu-stack-webhook inspect` and `check`
+    # share cli/main.py with `serve` and never build it (Flask is about 60 ms of their start-up, -X importtime).
+    from flask import Flask, Response, request  # noqa: PLC0415
+    from werkzeug.exceptions import HTTPException, InternalServerError  # noqa: PLC0415
+
+    def _json(payload: dict[str, Any], status: int = 200) -> Response:
+        return Response(orjson.dumps(payload), status=status, mimetype=JSON)
+
     app = Flask("gpu_stack_webhook")
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
