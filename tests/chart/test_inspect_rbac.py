@@ -1,5 +1,5 @@
 """The read-only ClusterRole and Role of `kubectl gpu-stack inspect` (inspect.rbac.*): exactly the reads
-webhook/src/gpu_stack_webhook/kube/inspect.py makes, on by default, bound only to the subjects given. The Role
+webhook/src/gpu_stack_webhook/gpuinspect/fetch.py makes, on by default, bound only to the subjects given. The Role
 lets it list the chart's dashboard ConfigMaps and GrafanaDashboards in the dashboards' namespace only: no
 cluster-wide ConfigMap read."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from gpu_stack_dev.chartlib import FULLNAME, HELM_MAJORS, NAMESPACE, find, one, render, run_helm, template_args
-from gpu_stack_webhook.kube.inspect import DASHBOARD_SELECTOR
+from gpu_stack_webhook.gpuinspect.fetch import DASHBOARD_SELECTOR
 
 ROLE = f"{FULLNAME}-inspect"
 CONFIGMAP = f"{FULLNAME}-device-plugin-configs"
@@ -61,7 +61,7 @@ def test_role_follows_the_dashboards_namespace_and_its_selector_finds_them() -> 
     assert binding["subjects"] == [GROUP]
     dashboards = [o for o in find(objects, "ConfigMap") if o["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert len(dashboards) == 3 and {d["metadata"]["namespace"] for d in dashboards} == {"grafana"}
-    # inspect lists them by the chart's labels (kube/inspect.py DASHBOARD_SELECTOR), which they carry
+    # inspect lists them by the chart's labels (gpuinspect/fetch.py DASHBOARD_SELECTOR), which they carry
     for dashboard in dashboards:
         assert {k: dashboard["metadata"]["labels"][k] for k in SELECTOR} == SELECTOR
     # A namespace set while the dashboards are off: nothing goes there, the Role stays in the release's.

@@ -68,6 +68,22 @@ def test_unreachable_server(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("entry", [
+    "from gpu_stack_webhook.cli.main import main; code = main(['inspect', *sys.argv[1:]])",
+    "from gpu_stack_webhook.gpuinspect.command import plugin_main; code = plugin_main(['inspect', *sys.argv[1:]])",
+])
+def test_inspect_loads_no_flask(tmp_path: Path, entry: str) -> None:
+    """Both commands run inspect (to the request the server does not answer) without loading Flask:
+    `gpu-stack-webhook` shares its module with `serve`, which builds its Flask app only when it serves."""
+    server = f"http://127.0.0.1:{closed_port()}"
+    script = f"import sys\n{entry}\nprint(code, 'flask' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script, "--kubeconfig", str(kubeconfig(tmp_path, server))],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"},
+                            check=False)
+    assert result.stderr.startswith(f"error: cannot reach the Kubernetes API server at {server}: ")
+    assert result.stdout == "1 False\n"
+
+
 def test_unknown_context(tmp_path: Path) -> None:
     path = kubeconfig(tmp_path, "http://127.0.0.1:1")
     result = run("gpu-stack-webhook", "inspect", "--kubeconfig", str(path), "--context", "nope")
@@ -93,6 +109,6 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
     (b'{"kind":"NodeList","metadata":{"continue":"a\\"b"},"items":[]}', None),  # escaped: parse the page instead
 ])
 def test_continue_token_is_read_from_list_metadata_only(body: bytes, token: str | None) -> None:
-    from gpu_stack_webhook.kube.inspect import _continue_token  # noqa: PLC0415
+    from gpu_stack_webhook.gpuinspect.fetch import _continue_token  # noqa: PLC0415
 
     assert _continue_token(body) == token

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from gpu_stack_dev.inspect_cluster import FINISHED_PODS, NODES, PENDING_POD, PODS, chart_configmap, container, node, pod
-from gpu_stack_webhook.inspect.model import build_report, pod_requests, sharing_from_configmap
-from gpu_stack_webhook.inspect.records import MpsLimits, NodeRecord, Report
-from gpu_stack_webhook.inspect.render import render
+from gpu_stack_webhook.gpuinspect.model import build_report, pod_requests, sharing_from_configmap
+from gpu_stack_webhook.gpuinspect.records import MpsLimits, NodeRecord, Report
+from gpu_stack_webhook.gpuinspect.render import render
 from gpu_stack_webhook.policy.config import ConfigError
 
 

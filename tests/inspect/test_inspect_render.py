@@ -10,9 +10,10 @@ import jsonschema
 import pytest
 import yaml
 from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap, chart_dashboards, node
-from gpu_stack_webhook.inspect import records as inspect_records
-from gpu_stack_webhook.inspect import render as inspect_render
-from gpu_stack_webhook.inspect.model import build_report, dashboards, sharing_from_configmap
+from gpu_stack_webhook.gpuinspect import records as inspect_records
+from gpu_stack_webhook.gpuinspect import render as inspect_render
+from gpu_stack_webhook.gpuinspect.dashboards import dashboards
+from gpu_stack_webhook.gpuinspect.model import build_report, sharing_from_configmap
 from gpu_stack_webhook.settings import load_terminal_settings
 
 HERE = Path(__file__).parent

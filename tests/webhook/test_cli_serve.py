@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from gpu_stack_webhook.cli import main as cli_main
 from gpu_stack_webhook.cli.main import build_parser
 
 from .tls_helpers import Pki, cli_command, free_port, make_pki
@@ -107,3 +109,27 @@ def test_worker_and_thread_counts_must_be_positive(flag: str, capsys: pytest.Cap
         build_parser().parse_args(["serve", "--cert", "c", "--key", "k", flag, "0"])
     assert exit_info.value.code == 2
     assert "positive" in capsys.readouterr().err
+
+
+def test_serve_builds_the_policy_once_and_serves_that_one(tmp_path: Path, pki: Pki,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[Any] = []
+    load_policy = cli_main._load_policy
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        built.append(load_policy(*args, **kwargs))
+        return built[-1]
+
+    served: list[Any] = []
+    monkeypatch.setattr(cli_main, "_load_policy", recorded)
+    # Instead of gunicorn's arbiter: what its master loads once (preload_app) before forking the workers.
+    monkeypatch.setattr(cli_main.BaseApplication, "run", lambda self: served.append(self.load()))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.delenv("GPU_STACK_WEBHOOK_CONFIG", raising=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules:\n  disabled: [GPU002]\n")
+    args = build_parser().parse_args(["serve", "--config", str(policy), "--cert", str(pki.cert), "--key", str(pki.key)])
+    assert cli_main.serve(args) == 0
+    [review_routes] = served
+    assert len(built) == 1
+    assert review_routes.policy() is built[0]

@@ -93,7 +93,7 @@ def test_the_source_digest_changes_with_any_file_a_build_reads(tmp_path: Path) -
     assert build_source.source_digest(webhook) == original, "bytecode is no source"
     changes = [
         webhook / "src" / "gpu_stack_webhook" / "policy" / "quantity.py",
-        webhook / "src" / "gpu_stack_webhook" / "inspect" / "inspect-v1.schema.json",
+        webhook / "src" / "gpu_stack_webhook" / "gpuinspect" / "inspect-v1.schema.json",
         webhook / "setup.py",
         webhook / "pyproject.toml",
     ]

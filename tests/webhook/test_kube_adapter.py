@@ -20,9 +20,9 @@ from gpu_stack_webhook.kube.client import (
     Invalid,
     KubernetesClientApi,
     SecretObject,
-    api_client,
     ca_bundle_patch,
 )
+from gpu_stack_webhook.kube.connect import api_client
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from kubernetes import client
 from kubernetes.config import kube_config

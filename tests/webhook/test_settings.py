@@ -11,8 +11,8 @@ import yaml
 from gpu_stack_webhook.cli.main import main
 from gpu_stack_webhook.server.app import AppConfig
 from gpu_stack_webhook.settings import (
-    Settings,
     TerminalSettings,
+    WebhookSettings,
     load_settings,
     load_terminal_settings,
     variables,
@@ -20,7 +20,7 @@ from gpu_stack_webhook.settings import (
 
 from .recordlib import REPO_ROOT
 
-NAMES = [name for name, _, _ in variables(Settings) + variables(TerminalSettings)]
+NAMES = [name for name, _, _ in variables(WebhookSettings) + variables(TerminalSettings)]
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unset_means_the_defaults() -> None:
-    assert load_settings() == Settings.model_construct(
+    assert load_settings() == WebhookSettings.model_construct(
         policy_path=None, workers=2, threads=4, reload_seconds=10.0, request_timeout=15.0,
         prometheus_multiproc_dir=None, pod_namespace=None,
     )
@@ -60,7 +60,7 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    assert load_settings() == Settings.model_construct(
+    assert load_settings() == WebhookSettings.model_construct(
         policy_path="/etc/gpu-stack/policy/policy.yaml", workers=3, threads=8, reload_seconds=0.0,
         request_timeout=2.5, prometheus_multiproc_dir="/tmp/metrics", pod_namespace="gpu-stack",
     )
@@ -143,7 +143,7 @@ def documented_table() -> list[tuple[str, str, str]]:
 
 
 def test_the_docs_list_every_variable_as_settings_py_has_it() -> None:
-    expected = variables(Settings) + variables(TerminalSettings)
+    expected = variables(WebhookSettings) + variables(TerminalSettings)
     table = "\n".join(f"| `{name}` | {default} | {description} |" for name, default, description in expected)
     assert documented_table() == expected, f"docs/operations.md, section Environment variables, should read:\n{table}"
 

@@ -21,7 +21,7 @@ from gpu_stack_webhook.tls.config import (
     LABELS,
     NEXT_ADDED_ANNOTATION,
     TLS_CRT,
-    Settings,
+    SelfManagedTls,
 )
 from gpu_stack_webhook.tls.material import Material, fingerprint, load_bundle
 from gpu_stack_webhook.tls.plan import (
@@ -37,7 +37,7 @@ NS, SECRET, SVC = "gpu-stack", "gpu-stack-webhook-tls", "gpu-stack-webhook"
 DAY = datetime.timedelta(days=1)
 HOUR = datetime.timedelta(hours=1)
 DNS = [SVC, f"{SVC}.{NS}", f"{SVC}.{NS}.svc", f"{SVC}.{NS}.svc.cluster.local"]
-SETTINGS = Settings(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=SVC,
+SETTINGS = SelfManagedTls(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=SVC,
                     validating_configuration=SVC, cert_dir=Path("/nonexistent"))
 OWNER = ({"apiVersion": "admissionregistration.k8s.io/v1", "kind": VALIDATING, "name": SVC, "uid": "u-1"},)
 

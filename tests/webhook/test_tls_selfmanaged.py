@@ -23,11 +23,11 @@ from gpu_stack_webhook.kube.client import (
     KubeError,
     SecretObject,
 )
-from gpu_stack_webhook.server.cluster import bootstrap
 from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
-from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, Settings
+from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, SelfManagedTls
 from gpu_stack_webhook.tls.material import fingerprint, load_bundle
 from gpu_stack_webhook.tls.selfmanaged import TlsManager
+from gpu_stack_webhook.tls.startup import bootstrap
 
 from .kube_fake import FakeKube, standard_fake
 
@@ -36,8 +36,8 @@ DAY = datetime.timedelta(days=1)
 DNS = [SVC, f"{SVC}.{NS}", f"{SVC}.{NS}.svc", f"{SVC}.{NS}.svc.cluster.local"]
 
 
-def settings(tmp_path: Path, name: str = "replica", **kw: Any) -> Settings:
-    return Settings(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=CONFIG,
+def settings(tmp_path: Path, name: str = "replica", **kw: Any) -> SelfManagedTls:
+    return SelfManagedTls(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=CONFIG,
                     validating_configuration=CONFIG, cert_dir=tmp_path / name / "tls", **kw)
 
 
@@ -59,7 +59,7 @@ def chains_to(cert: x509.Certificate, bundle: bytes) -> bool:
     return False
 
 
-def assert_served_cert_is_trusted(fake: FakeKube, s: Settings) -> None:
+def assert_served_cert_is_trusted(fake: FakeKube, s: SelfManagedTls) -> None:
     """What a replica serves right now chains to a CA in the caBundle of every webhook (no failed request)."""
     served = cert_of(s.certfile.read_bytes())
     for kind in (MUTATING, VALIDATING):
@@ -160,7 +160,7 @@ def test_two_replicas_starting_together_agree_on_one_ca(tmp_path: Path, caplog: 
     replicas = [settings(tmp_path, f"replica-{i}") for i in range(2)]
     errors: list[BaseException] = []
 
-    def run(s: Settings) -> None:
+    def run(s: SelfManagedTls) -> None:
         try:
             TlsManager(fake, s).reconcile()
         except BaseException as exc:
@@ -395,7 +395,7 @@ def test_with_validation_in_cel_only_the_mutating_configuration_is_patched_and_o
     mutating one alone, which then owns the Secret."""
     fake = FakeKube()
     fake.add_webhook_configuration(MUTATING, CONFIG, ["mutate.gpu-stack.io"])
-    s = Settings(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=CONFIG,
+    s = SelfManagedTls(namespace=NS, secret_name=SECRET, service_name=SVC, mutating_configuration=CONFIG,
                  validating_configuration="", cert_dir=tmp_path / "tls")
     status = TlsManager(fake, s).reconcile()
     assert status.ready

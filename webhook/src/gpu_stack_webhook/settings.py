@@ -1,7 +1,7 @@
 """The one place the package reads the environment: typed settings (pydantic-settings), read once per
 process by `load_settings()` and handed to whatever needs them.
 
-`Settings` is what the webhook reads (the chart sets GPU_STACK_WEBHOOK_CONFIG, _WORKERS and _THREADS);
+`WebhookSettings` is what the webhook reads (the chart sets GPU_STACK_WEBHOOK_CONFIG, _WORKERS and _THREADS);
 `TerminalSettings` is the two conventions `inspect` honours when it decides on colour. Unset or blank
 means the default; a bad value stops the command with a message naming the variable, e.g.
 `$GPU_STACK_WEBHOOK_WORKERS must be an integer >= 1, got '0'`. README "Environment variables" lists
@@ -28,7 +28,7 @@ _FROM_ENVIRONMENT = SettingsConfigDict(
 )
 
 
-class Settings(BaseSettings):
+class WebhookSettings(BaseSettings):
     """What `gpu-stack-webhook` reads from its environment. Field descriptions feed the README table."""
 
     model_config = _FROM_ENVIRONMENT
@@ -70,7 +70,7 @@ class Settings(BaseSettings):
 
 
 class TerminalSettings(BaseSettings):
-    """What `inspect` reads to decide on colour, apart from Settings so a bad webhook variable never
+    """What `inspect` reads to decide on colour, apart from WebhookSettings so a bad webhook variable never
     stops it."""
 
     model_config = _FROM_ENVIRONMENT
@@ -106,9 +106,9 @@ def _load(model: type[SettingsModel]) -> SettingsModel:
         raise ValueError("; ".join(_message(model, e) for e in exc.errors())) from None
 
 
-def load_settings() -> Settings:
+def load_settings() -> WebhookSettings:
     """The webhook's settings from the environment; ValueError naming every variable with a bad value."""
-    return _load(Settings)
+    return _load(WebhookSettings)
 
 
 def load_terminal_settings() -> TerminalSettings:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ def _on_old_object(variables: tuple[Variable, ...], own: set[str]) -> tuple[Vari
                  for name, expr in variables)
 
 
-@cache
+@lru_cache(maxsize=64)  # keyed by the policies of validating.py and mutating.py (9 today)
 def policy_variables(policy: Any) -> tuple[Variable, ...]:
     """Every variable of a policy in evaluation order: config variables (expression "" here; the chart
     and the offline runtime supply them), the pod variables, the policy's own. A validating policy also

@@ -1,5 +1,5 @@
 """`gpu-stack-webhook`: serve the webhook (gunicorn over TLS), check manifests offline, or inspect the
-cluster's GPUs (inspect_cli; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
+cluster's GPUs (gpuinspect/command.py; the same command is the kubectl plugin `kubectl gpu-stack inspect`).
 
     gpu-stack-webhook serve --config policy.yaml --cert tls.crt --key tls.key --bind 0.0.0.0:8443
     gpu-stack-webhook check -f manifests/ [-f pod.yaml ...] [--config policy.yaml]
@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging.config
 import os
-import ssl
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,14 +35,15 @@ from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply, answer_document
 from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.cel.check import evaluate_object
-from gpu_stack_webhook.cli import inspect as inspect_cli
+from gpu_stack_webhook.gpuinspect import command as inspect_command
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.policy.facts import DocumentFacts
+from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts, DocumentFacts
 from gpu_stack_webhook.server import cluster, gunicorn_conf
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from gpu_stack_webhook.server.review_routes import WsgiApp
 from gpu_stack_webhook.settings import load_settings
+from gpu_stack_webhook.tls.serving import check_pair
 
 PROG = "gpu-stack-webhook"
 WEBHOOK_NAMES = {"mutate": "mutate.gpu-stack.io", "validate": "validate.gpu-stack.io"}
@@ -56,12 +56,13 @@ def _fail(message: str) -> int:
     return EXIT_INPUT
 
 
-def _load_policy(path: str | None) -> Policy:
-    """The policy file at `path` (None: built-in defaults), compiled: a rule ID in `rules.disabled` that
-    does not exist is found when the Policy is built (engine.py). Raises ConfigError naming the key."""
-    config = load_config(path)
+def _load_policy(path: str | None, config: PolicyConfig | None = None, facts: ClusterFacts = OFFLINE) -> Policy:
+    """The policy file at `path` (None: built-in defaults; `config`: as already read from it), compiled: a
+    rule ID in `rules.disabled` that does not exist is found when the Policy is built (engine.py). Raises
+    ConfigError naming the key."""
+    config = config if config is not None else load_config(path)
     try:
-        return Policy(config)
+        return Policy(config, facts=facts)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
@@ -69,29 +70,20 @@ def _load_policy(path: str | None) -> Policy:
 # --- serve --------------------------------------------------------------------------------------------
 
 
-def _check_tls_files(cert: str, key: str) -> None:
-    """Fail before gunicorn binds anything when the pair cannot be loaded (gunicorn would only notice
-    in each worker, on the first connection)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(certfile=cert, keyfile=key)
-    except ssl.SSLError as exc:  # before OSError: SSLError is one
-        raise ValueError(f"TLS certificate {cert} and key {key} cannot be used: {exc.reason or exc}") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read TLS certificate {cert} / key {key}: {exc.strerror or exc}") from None
-
-
 def serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
         config_path = args.config or settings.policy_path
-        policy = _load_policy(config_path)
+        config = load_config(config_path)
         # the setup logs as gunicorn will: JSON lines
         if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
+        connection = cluster.connect(args)
+        # Built once, here: the app serves this Policy (AppConfig.built) until the policy file changes.
+        policy = _load_policy(config_path, config, connection.facts)
         # self-managed TLS: Secret, caBundle and files, before binding
-        prepared = cluster.prepare(args, settings.pod_namespace)
-        _check_tls_files(prepared.certfile, prepared.keyfile)
+        prepared = cluster.prepare(args, connection, settings.pod_namespace)
+        check_pair(prepared.certfile, prepared.keyfile)
         options = gunicorn_conf.ServeOptions.from_settings(
             settings, bind=args.bind, certfile=prepared.certfile, keyfile=prepared.keyfile, workers=args.workers,
             threads=args.threads, log_level=args.log_level,
@@ -102,8 +94,9 @@ def serve(args: argparse.Namespace) -> int:
     # /metrics aggregates what every gunicorn worker writes to this directory.
     settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})
     try:
-        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=prepared.facts, settings=settings,
-                               live=prepared.live, live_interval=args.policy_source_interval.total_seconds())
+        app_config = AppConfig(policy=policy.config, policy_path=config_path, facts=connection.facts,
+                               settings=settings, live=connection.live, built=policy,
+                               live_interval=args.policy_source_interval.total_seconds())
         if prepared.readiness is not None:  # self-managed TLS: ready once served and caBundle in place
             app_config = dataclasses.replace(app_config, readiness=prepared.readiness)
 
@@ -320,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = commands.add_parser("inspect", help="GPU nodes, their sharing mode and who holds what (also: "
                               "kubectl gpu-stack inspect)")
-    inspect_cli.add_arguments(ins)
-    ins.set_defaults(func=inspect_cli.run)
+    inspect_command.add_arguments(ins)
+    ins.set_defaults(func=inspect_command.run)
     return parser
 
 

@@ -1,2 +1,2 @@
-"""kube layer: the one Kubernetes adapter and client construction (client.py), the policy's cached lookups
-(lookups.py), and inspect's paged reads (inspect.py)."""
+"""kube layer: the one Kubernetes adapter (client.py) over the client connect.py builds, the policy's cached
+lookups (lookups.py) and the live configuration readers (live.py)."""

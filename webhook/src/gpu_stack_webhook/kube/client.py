@@ -10,9 +10,10 @@ Errors: a missing object is `None` from the read methods; everything else is a `
 (`AlreadyExists` and `Conflict` for the two 409s optimistic concurrency relies on, `Forbidden`,
 `Invalid`, and `ApiUnavailable` when the apiserver could not be reached or answered 5xx).
 
-`api_client` builds the `kubernetes` ApiClient for both users of the API: `serve` (in-cluster first) and
-`inspect` (the user's kubeconfig first; its paged reader is kube/inspect.py). The `kubernetes` package is
-imported inside the functions that use it, and only there: importing it takes about 0.6 s, more than the
+kube/connect.py's `api_client` builds the `kubernetes` ApiClient for both users of the API: `serve` (in-cluster
+first) and `inspect` (the user's kubeconfig first), whose paged reads (gpuinspect/fetch.py) go through
+`KubernetesClientApi.read_raw`. The `kubernetes` package is imported inside the functions that use it, and
+only there: importing it takes about 0.6 s, more than the
 whole rest of the CLI's start-up (about 0.5 s, `python -X importtime`), and `check`, `serve` without
 self-managed TLS or lookups, and every admission request never touch it.
 """
@@ -24,6 +25,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from gpu_stack_webhook.kube.connect import api_client
 
 MUTATING = "MutatingWebhookConfiguration"
 VALIDATING = "ValidatingWebhookConfiguration"
@@ -210,44 +213,6 @@ class KubeApi(Protocol):
 # --- the adapter over the `kubernetes` client -----------------------------------------------------------
 
 
-class ClientConfigError(Exception):
-    """No usable cluster access (no kubeconfig, no in-cluster ServiceAccount); the message says what to do."""
-
-
-def api_client(kubeconfig: str | None = None, context: str | None = None, *, in_cluster_first: bool = False) -> Any:
-    """A `kubernetes` ApiClient with one attempt per call (callers decide about retrying).
-
-    in_cluster_first (`serve`, in a pod): the pod's ServiceAccount unless a kubeconfig file is named; the
-    client's own exceptions propagate. Otherwise (`inspect`, on a workstation): the user's kubeconfig
-    ($KUBECONFIG, ~/.kube/config, `context`), else the in-cluster account; a ClientConfigError when neither
-    works."""
-    from kubernetes import client, config  # noqa: PLC0415 - start-up time, see the module docstring
-    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
-
-    configuration = client.Configuration()
-    if in_cluster_first:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, context=context,  # type: ignore[no-untyped-call]
-                                    client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context,  # type: ignore[no-untyped-call]
-                                    client_configuration=configuration)
-        except (ConfigException, OSError) as kube_error:
-            if kubeconfig or context:
-                raise ClientConfigError(f"cannot use kubeconfig: {kube_error}") from None
-            try:
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except ConfigException:
-                raise ClientConfigError(f"no cluster access: {kube_error} (set KUBECONFIG or pass --kubeconfig)"
-                                        ) from None
-    configuration.retries = False
-    return client.ApiClient(configuration)
-
-
-
 class KubernetesClientApi:
     """KubeApi over `kubernetes.client`. Responses are read as plain JSON (`_preload_content=False`),
     so what the webhook sees is exactly what the apiserver sent."""
@@ -269,19 +234,25 @@ class KubernetesClientApi:
         """In-cluster config (the pod's ServiceAccount), or a kubeconfig file when one is given."""
         return cls(api_client(kubeconfig, in_cluster_first=True), timeout)
 
-    def _call(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> Any:
+    def read_raw(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> bytes | None:
+        """The body of one call of a `kubernetes` API method (of `core`, `admission`, `resource`, `custom`),
+        as the server sent it: None for 404 (when `not_found_is_none`), a KubeError for any other failure."""
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
         from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
         try:
             response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            return json.loads(response.data)
+            return bytes(response.data)
         except ApiException as exc:
             if exc.status == 404 and not_found_is_none:
                 return None
             raise error_from_status(int(exc.status or 0), exc.body) from None
         except (HTTPError, OSError) as exc:
             raise ApiUnavailable(0, "Unreachable", f"{type(exc).__name__}: {exc}") from None
+
+    def _call(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> Any:
+        raw = self.read_raw(method, *args, not_found_is_none=not_found_is_none, **kwargs)
+        return None if raw is None else json.loads(raw)
 
     def read_secret(self, namespace: str, name: str) -> SecretObject | None:
         body = self._call(self.core.read_namespaced_secret, name, namespace)

@@ -98,12 +98,10 @@ def _tokens(pointer: str) -> tuple[str, ...]:
 
 
 def _diff(src: Any, dst: Any) -> tuple[JsonPatchOp, ...]:
-    # jsonpatch.JsonPatch.from_diff(src, dst, optimization=False) without its search for values to
-    # move (rules add, replace and remove) and without its deep copy of the operations: they are
-    # serialised into the response at once and nothing edits the request or the desired pod after.
-    builder = jsonpatch.DiffBuilder(src, dst, _dumps, optimization=False)
-    builder._compare_values((), None, src, dst)  # type: ignore[attr-defined]  # what from_diff calls
-    return tuple(builder.execute())
+    # jsonpatch's public diff (stefankoegl/python-json-patch jsonpatch.py JsonPatch.from_diff, 1.33), without
+    # its search for values to move: rules add, replace and remove. It deep-copies the operations, about
+    # 15 us more than the DiffBuilder alone for a typical pod, paid once per difference (`_diff_of`).
+    return tuple(jsonpatch.JsonPatch.from_diff(src, dst, optimization=False, dumps=_dumps).patch)
 
 
 @functools.lru_cache(maxsize=1024)

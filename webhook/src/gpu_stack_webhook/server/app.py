@@ -15,23 +15,26 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from werkzeug.exceptions import HTTPException, InternalServerError
-from werkzeug.wrappers import Response as BaseResponse
 
 from gpu_stack_webhook.admission.pipeline import JSON, error_body
 from gpu_stack_webhook.policy.config import PolicyConfig, load_config
+from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.rules import RULES, Rule
 from gpu_stack_webhook.server.live_policy import DEFAULT_INTERVAL, LivePolicy
 from gpu_stack_webhook.server.metrics import Metrics, multiprocess_dir
 from gpu_stack_webhook.server.reloader import PolicySource, serving_policy
 from gpu_stack_webhook.server.review_routes import ReviewRoutes
-from gpu_stack_webhook.settings import Settings, load_settings
+from gpu_stack_webhook.settings import WebhookSettings, load_settings
+
+if TYPE_CHECKING:
+    from flask import Flask, Response
+    from werkzeug.exceptions import HTTPException
+    from werkzeug.wrappers import Response as BaseResponse
 
 log = logging.getLogger("gpu_stack_webhook.server.app")
 
@@ -60,28 +63,27 @@ class AppConfig:
     # Cluster lookups for the rules (facts.py); offline unless `serve --cluster-lookups`.
     facts: ClusterFacts = OFFLINE
     # The environment (settings.py): reload interval, metrics directory, policy path for `load`.
-    settings: Settings = field(default_factory=load_settings)
+    settings: WebhookSettings = field(default_factory=load_settings)
     # `serve --policy-source`: the reader of the live configuration the policy follows (kube/live.py),
     # read every `live_interval` seconds (server/live_policy.py); None: the policy file alone.
     live: LiveReader | None = None
     live_interval: float = DEFAULT_INTERVAL
+    # The Policy of `policy`, `rules` and `facts` when the caller has built it already (`serve` does, to
+    # refuse a bad policy before binding): served as it is instead of being built again.
+    built: Policy | None = None
 
     @property
     def max_request_bytes(self) -> int:
         return self.policy.max_request_bytes
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, settings: Settings | None = None,
+    def load(cls, path: str | os.PathLike[str] | None = None, settings: WebhookSettings | None = None,
              **kwargs: Any) -> AppConfig:
         """Read the policy file at `path`, else $GPU_STACK_WEBHOOK_CONFIG, else built-in defaults.
         Raises ConfigError naming the bad key."""
         settings = settings or load_settings()
         resolved = str(path) if path else settings.policy_path
         return cls(policy=load_config(resolved), policy_path=resolved, settings=settings, **kwargs)
-
-
-def _json(payload: dict[str, Any], status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status=status, mimetype=JSON)
 
 
 def _error_response(exc: HTTPException) -> BaseResponse:
@@ -93,16 +95,25 @@ def _error_response(exc: HTTPException) -> BaseResponse:
 
 
 def create_app(config: AppConfig) -> Flask:
+    # Flask is imported here, where the app is built, not at the top: `gpu-stack-webhook inspect` and `check`
+    # share cli/main.py with `serve` and never build it (Flask is about 60 ms of their start-up, -X importtime).
+    from flask import Flask, Response, request  # noqa: PLC0415
+    from werkzeug.exceptions import HTTPException, InternalServerError  # noqa: PLC0415
+
+    def _json(payload: dict[str, Any], status: int = 200) -> Response:
+        return Response(orjson.dumps(payload), status=status, mimetype=JSON)
+
     app = Flask("gpu_stack_webhook")
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
     policy: PolicySource
     if config.live is not None:
         policy = LivePolicy(config.policy_path, config.policy, config.live, interval=config.live_interval,
-                            describe=config.live.describe(), rules=config.rules, facts=config.facts)
+                            describe=config.live.describe(), built=config.built, rules=config.rules,
+                            facts=config.facts)
     else:
         policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
-                                rules=config.rules, facts=config.facts)
+                                built=config.built, rules=config.rules, facts=config.facts)
     metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
 
     @app.get("/healthz")
@@ -135,9 +146,3 @@ def create_app(config: AppConfig) -> Flask:
 
     app.wsgi_app = ReviewRoutes(app.wsgi_app, policy, metrics, config.max_request_bytes)  # type: ignore[method-assign]
     return app
-
-
-def app_from_env() -> Flask:
-    """WSGI entry for plain `gunicorn 'gpu_stack_webhook.server.app:app_from_env()'`: policy from
-    $GPU_STACK_WEBHOOK_CONFIG."""
-    return create_app(AppConfig.load())

@@ -1,13 +1,13 @@
 """What `gpu-stack-webhook serve` needs from the cluster: self-managed TLS and API lookups.
 
-`add_arguments` adds the flags to the `serve` parser; `prepare(args)` runs before gunicorn binds and
-returns where the certificate is, the /readyz hook, the facts for the rules and extra gunicorn hooks:
+`add_arguments` adds the flags to the `serve` parser; `connect(args)` makes the API access, the facts for
+the rules and the live policy source (`serve` builds its Policy with them); `prepare(args, connection)`
+runs before gunicorn binds and returns where the certificate is, the /readyz hook and extra gunicorn hooks:
 
 * `--tls-mode files` (default): --cert/--key are read as they are (cert-manager or a user Secret mounted
-  by the chart); a renewed pair on disk is picked up by server/tls_context.py.
-* `--tls-mode self-managed`: the Secret, CA, serving certificate and caBundle are ensured now (retried a
-  few times, then `serve` exits), the pair is written to --cert-dir, /readyz answers from the ready-file
-  the master writes, and a renewal thread runs in the gunicorn master (started in `when_ready`).
+  by the chart); a renewed pair on disk is picked up by tls/serving.py.
+* `--tls-mode self-managed`: tls/startup.py sets up the Secret, CA, serving certificate and caBundle now,
+  writes the pair to --cert-dir and makes the /readyz hook and the renewal thread (started in `when_ready`).
 * `--cluster-lookups`: the rules may read ConfigMaps and namespace labels (kube/lookups.py), with a short
   request timeout and a TTL cache.
 """
@@ -16,27 +16,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubernetesClientApi
 from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.tls.config import Settings
-from gpu_stack_webhook.tls.files import file_readiness
-from gpu_stack_webhook.tls.selfmanaged import Renewer, TlsManager
-
-log = logging.getLogger("gpu_stack_webhook.tls")
+from gpu_stack_webhook.tls import startup as tls_startup
+from gpu_stack_webhook.tls.config import SelfManagedTls
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_CERT_DIR = "/run/gpu-stack/tls"
-BOOTSTRAP_ATTEMPTS = 6
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -94,25 +88,30 @@ def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
         raise ValueError("--namespace is required (no $POD_NAMESPACE, no ServiceAccount namespace file)") from None
 
 
+@dataclass(frozen=True)
+class Connection:
+    api: KubernetesClientApi | None = None  # None when nothing asked for the API
+    facts: ClusterFacts = OFFLINE
+    # --policy-source other than file: the reader of the live configuration (kube/live.py).
+    live: OperatorReader | DevicePluginReader | None = None
+
+
 @dataclass
 class Prepared:
     certfile: str
     keyfile: str
     readiness: Callable[[], bool] | None = None
-    facts: ClusterFacts = OFFLINE
     gunicorn_settings: dict[str, Any] = field(default_factory=dict)
-    # --policy-source other than file: the reader of the live configuration (kube/live.py).
-    live: OperatorReader | DevicePluginReader | None = None
 
 
-def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> Settings:
+def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) -> SelfManagedTls:
     missing = [flag for flag, value in (
         ("--tls-secret", args.tls_secret), ("--service", args.service)) if not value]
     if not (args.mutating_webhook_configuration or args.validating_webhook_configuration):
         missing.append("--mutating-webhook-configuration or --validating-webhook-configuration")
     if missing:
         raise ValueError(f"--tls-mode self-managed needs {', '.join(missing)}")
-    return Settings(
+    return SelfManagedTls(
         namespace=_namespace(args, pod_namespace), secret_name=args.tls_secret, service_name=args.service,
         mutating_configuration=args.mutating_webhook_configuration or "",
         validating_configuration=args.validating_webhook_configuration or "",
@@ -121,63 +120,35 @@ def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) ->
     )
 
 
-def bootstrap(manager: TlsManager, attempts: int = BOOTSTRAP_ATTEMPTS, sleep: Callable[[float], None] = time.sleep,
-              ) -> None:
-    """The first reconcile, before gunicorn binds: retried with backoff; raises ValueError at the end."""
-    manager.clear_ready()
-    for attempt in range(1, attempts + 1):
-        try:
-            status = manager.reconcile()
-        except KubeError as exc:
-            log.error("self-managed TLS: attempt %d/%d failed: %s", attempt, attempts, exc)
-            if attempt == attempts:
-                raise ValueError(f"self-managed TLS: cannot set up {manager.where}: {exc}") from None
-            sleep(min(2 ** attempt, 10))
-            continue
-        if not status.ready:
-            log.warning("self-managed TLS: certificate ready, caBundle not yet in place; /readyz stays false "
-                        "until the renewal thread sets it")
-        return
-
-
-def prepare(args: argparse.Namespace, pod_namespace: str | None = None) -> Prepared:
-    """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
-    ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
+def connect(args: argparse.Namespace) -> Connection:
+    """The API access the flags ask for. Raises ValueError with a message for the user when it cannot be
+    configured."""
     needs_api = args.tls_mode == "self-managed" or args.cluster_lookups or args.policy_source != "file"
-    api = None
-    if needs_api:
-        try:
-            api = KubernetesClientApi.from_environment(args.kubeconfig, DEFAULT_TIMEOUT)
-        except Exception as exc:
-            raise ValueError(f"cannot configure Kubernetes API access: {exc}") from None
+    if not needs_api:
+        return Connection()
+    try:
+        api = KubernetesClientApi.from_environment(args.kubeconfig, DEFAULT_TIMEOUT)
+    except Exception as exc:
+        raise ValueError(f"cannot configure Kubernetes API access: {exc}") from None
     facts: ClusterFacts = OFFLINE
     if args.cluster_lookups:
         timeout = args.lookup_timeout.total_seconds()
-        lookups = KubernetesClientApi(api.api_client, (timeout, timeout)) if api else None
-        assert lookups is not None
-        facts = ApiFacts(lookups, ttl=args.lookup_ttl.total_seconds())
-    live = live_reader(args, api) if api is not None else None
+        facts = ApiFacts(KubernetesClientApi(api.api_client, (timeout, timeout)), ttl=args.lookup_ttl.total_seconds())
+    return Connection(api=api, facts=facts, live=live_reader(args, api))
+
+
+def prepare(args: argparse.Namespace, connection: Connection, pod_namespace: str | None = None) -> Prepared:
+    """Raises ValueError with a message for the user when something cannot be set up. `pod_namespace`
+    ($POD_NAMESPACE, settings.py) is the Secret's namespace when --namespace is not given."""
     if args.tls_mode != "self-managed":
         if not (args.cert and args.key):
             raise ValueError("--cert and --key are required unless --tls-mode self-managed")
-        return Prepared(certfile=args.cert, keyfile=args.key, facts=facts, live=live)
-    assert api is not None
-    settings = settings_from(args, pod_namespace)
-    manager = TlsManager(api, settings)
-    bootstrap(manager)
-    watch_api = KubernetesClientApi(api.api_client)
-    renewer = Renewer(manager, interval=args.tls_check_interval.total_seconds(),
-                      changes=lambda seconds: watch_api.wait_for_secret_change(
-                          settings.namespace, settings.secret_name, seconds))
-
-    def when_ready(server: Any) -> None:
-        renewer.start()
-
-    return Prepared(
-        certfile=str(settings.certfile), keyfile=str(settings.keyfile),
-        readiness=file_readiness(settings.ready_file), facts=facts,
-        gunicorn_settings={"when_ready": when_ready}, live=live,
-    )
+        return Prepared(certfile=args.cert, keyfile=args.key)
+    assert connection.api is not None
+    serving = tls_startup.start(connection.api, settings_from(args, pod_namespace),
+                                args.tls_check_interval.total_seconds())
+    return Prepared(certfile=serving.certfile, keyfile=serving.keyfile, readiness=serving.readiness,
+                    gunicorn_settings={"when_ready": serving.when_ready})
 
 
 def live_reader(args: argparse.Namespace, api: KubernetesClientApi) -> OperatorReader | DevicePluginReader | None:

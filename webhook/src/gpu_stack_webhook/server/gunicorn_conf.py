@@ -34,8 +34,8 @@ from prometheus_client import multiprocess
 from prometheus_client import values as prometheus_values
 
 from gpu_stack_webhook.server import listeners, metric_values, slowclients
-from gpu_stack_webhook.server.tls_context import reloading_context
-from gpu_stack_webhook.settings import DEFAULT_REQUEST_TIMEOUT, DEFAULT_THREADS, DEFAULT_WORKERS, Settings
+from gpu_stack_webhook.settings import DEFAULT_REQUEST_TIMEOUT, DEFAULT_THREADS, DEFAULT_WORKERS, WebhookSettings
+from gpu_stack_webhook.tls import serving as tls_serving
 
 # prometheus_client's variable: where multiprocess values live (it reads it when a value opens its file).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -43,7 +43,6 @@ WORKER_CLASS = "gpu_stack_webhook.server.worker.PollingThreadWorker"
 KEEPALIVE_SECONDS = 100
 TIMEOUT_SECONDS = 30
 GRACEFUL_TIMEOUT_SECONDS = 25
-MIN_TLS_VERSION = ssl.TLSVersion.TLSv1_2
 # An AdmissionReview is one POST with a handful of headers.
 LIMIT_REQUEST_LINE = 4094
 LIMIT_REQUEST_FIELDS = 50
@@ -66,7 +65,7 @@ class ServeOptions:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, bind: str, certfile: str, keyfile: str, workers: int | None = None,
+        cls, settings: WebhookSettings, *, bind: str, certfile: str, keyfile: str, workers: int | None = None,
         threads: int | None = None, log_level: str = "info",
     ) -> ServeOptions:
         """Flags win over the environment (`settings`), which has the defaults."""
@@ -82,21 +81,11 @@ class ServeOptions:
 
 
 def ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    """gunicorn hook: the default context (cert chain, no client certs) with TLS 1.2 as the floor.
-    With a certfile configured, one context per worker process that reloads a renewed certificate on
-    the next handshake (tls_reload.py) instead of reading the files for every connection."""
+    """gunicorn hook: the server's context (tls/serving.py: TLS 1.2 as the floor, a renewed certificate
+    picked up on the next handshake)."""
     certfile, keyfile = getattr(conf, "certfile", None), getattr(conf, "keyfile", None)
-    if isinstance(certfile, str) and isinstance(keyfile, str):
-        return reloading_context(certfile, keyfile, lambda: _tls_context(default_ssl_context_factory))
-    return _tls_context(default_ssl_context_factory)
-
-
-def _tls_context(default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    context = default_ssl_context_factory()
-    # MINIMUM_SUPPORTED (-2) and real versions below 1.2 are raised; a stricter floor (1.3) is kept.
-    context.minimum_version = max(context.minimum_version, MIN_TLS_VERSION)
-    context.options |= ssl.OP_NO_COMPRESSION
-    return context
+    return tls_serving.server_context(default_ssl_context_factory, certfile if isinstance(certfile, str) else None,
+                                      keyfile if isinstance(keyfile, str) else None)
 
 
 def prepare_metrics_dir() -> str:

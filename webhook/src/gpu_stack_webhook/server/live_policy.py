@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_stack_webhook.filewatch import file_signature
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
-from gpu_stack_webhook.server.reloader import file_signature
 
 log = logging.getLogger("gpu_stack_webhook.server.live_policy")
 DEFAULT_INTERVAL = 2.0
@@ -31,7 +31,9 @@ class LivePolicy:
 
     def __init__(self, path: str | None, config: PolicyConfig, read: Callable[[PolicyConfig], PolicyConfig],
                  *, interval: float = DEFAULT_INTERVAL, describe: str = "the live configuration",
-                 **policy_kwargs: Any) -> None:
+                 built: Policy | None = None, **policy_kwargs: Any) -> None:
+        """`built`: the Policy of `config` and `policy_kwargs` when the caller has it already, served as it
+        is while the live configuration adds nothing to `config`."""
         self.path = path
         self.read = read
         self.interval = interval
@@ -40,7 +42,8 @@ class LivePolicy:
         self._base = config
         self._signature = file_signature(path) if path else None
         self._config = read(config)
-        self._current = Policy(self._config, **policy_kwargs)
+        self._current = built if built is not None and self._config == config else Policy(self._config,
+                                                                                          **policy_kwargs)
         self._announce(None)
         self._pid = 0
         self._lock = threading.Lock()

@@ -20,7 +20,7 @@ DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 def multiprocess_dir(path: str | None) -> str | None:
-    """The aggregation directory (Settings.prometheus_multiproc_dir), only when prometheus_client really
+    """The aggregation directory (WebhookSettings.prometheus_multiproc_dir), only when prometheus_client really
     writes values to files (it picks its value class when first imported, or when
     gunicorn_conf.prepare_metrics_dir switches it)."""
     return path if path and prometheus_values.ValueClass is not prometheus_values.MutexValue else None

@@ -21,29 +21,17 @@ the checksum annotation; the reload is what makes `kubectl edit configmap` take 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_stack_webhook.filewatch import file_signature
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, load_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.settings import DEFAULT_RELOAD_SECONDS
 
 log = logging.getLogger("gpu_stack_webhook.server.reloader")
-
-Signature = tuple[int, int, int, int] | None
-
-
-def file_signature(path: str) -> Signature:
-    """(device, inode, mtime, size) of the file `path` resolves to; None when it cannot be read."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
 
 class ReloadingPolicy:
     """A policy source (call it for the policy of a request) that re-reads the policy file when it changes."""
@@ -55,14 +43,16 @@ class ReloadingPolicy:
         *,
         interval: float = DEFAULT_RELOAD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        built: Policy | None = None,
         **policy_kwargs: Any,
     ) -> None:
-        """`policy_kwargs` (rules, facts, ...) are passed to every Policy built."""
+        """`policy_kwargs` (rules, facts, ...) are passed to every Policy built; `built`: the Policy of
+        `config` and them, when the caller has it already."""
         self.path = path
         self.interval = interval
         self._clock = clock
         self._policy_kwargs = policy_kwargs
-        self._current = Policy(config, **policy_kwargs)
+        self._current = built if built is not None else Policy(config, **policy_kwargs)
         self._signature = file_signature(path)
         self._next_check = clock() + interval
         self._lock = threading.Lock()
@@ -111,11 +101,13 @@ class ReloadingPolicy:
 PolicySource = Callable[[], Policy]
 
 
-def serving_policy(config: PolicyConfig, path: str | None, interval: float, **policy_kwargs: Any) -> PolicySource:
+def serving_policy(config: PolicyConfig, path: str | None, interval: float, built: Policy | None = None,
+                   **policy_kwargs: Any) -> PolicySource:
     """What create_app serves from: called once per request for the policy to judge it with. A
-    reloading source when the policy was read from a file and `interval` (Settings.reload_seconds,
-    $GPU_STACK_WEBHOOK_RELOAD_SECONDS) is above 0, else a fixed one."""
+    reloading source when the policy was read from a file and `interval` (WebhookSettings.reload_seconds,
+    $GPU_STACK_WEBHOOK_RELOAD_SECONDS) is above 0, else a fixed one. `built`: the Policy of `config` and
+    `policy_kwargs`, when the caller has it already."""
     if not path or interval <= 0:
-        policy = Policy(config, **policy_kwargs)
+        policy = built if built is not None else Policy(config, **policy_kwargs)
         return lambda: policy
-    return ReloadingPolicy(path, config, interval=interval, **policy_kwargs)
+    return ReloadingPolicy(path, config, interval=interval, built=built, **policy_kwargs)

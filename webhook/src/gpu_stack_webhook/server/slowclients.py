@@ -85,7 +85,7 @@ class RequestDeadlines:
 
 def deadlines_hook(timeout: float) -> Callable[[Any], None]:
     """The gunicorn `post_worker_init` hook that guards every request of a worker with `timeout`
-    seconds (Settings.request_timeout, read once in the master)."""
+    seconds (WebhookSettings.request_timeout, read once in the master)."""
 
     def post_worker_init(worker: Any) -> None:
         """gunicorn hook (in each worker, after its thread pool exists, before it serves)."""

@@ -23,7 +23,10 @@ DAY = datetime.timedelta(days=1)
 
 
 @dataclass(frozen=True)
-class Settings:
+class SelfManagedTls:
+    """What `serve --tls-mode self-managed` keeps: its Secret, Service and webhook configurations, where the
+    pair is written and how long certificates live (from the TLS flags, server/cluster.py)."""
+
     namespace: str
     secret_name: str
     service_name: str

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpu_stack_webhook.tls.certs import KeyPair
-from gpu_stack_webhook.tls.config import Settings
+from gpu_stack_webhook.tls.config import SelfManagedTls
 
 
 def _write_atomic(path: Path, content: bytes, mode: int) -> None:
@@ -22,7 +22,7 @@ def _write_atomic(path: Path, content: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def write_pair(settings: Settings, pair: KeyPair) -> bool:
+def write_pair(settings: SelfManagedTls, pair: KeyPair) -> bool:
     """Write tls.crt/tls.key when they differ from what is there (key first: a reader that sees the new
     certificate with the old key fails to load and retries on the next handshake). True when written."""
     settings.cert_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
-from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, Settings
+from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, SelfManagedTls
 
 
 class CorruptSecret(ValueError):
@@ -145,17 +145,17 @@ def valid_at(cert: x509.Certificate, now: datetime.datetime) -> bool:
     return cert.not_valid_after_utc > now
 
 
-def new_ca(settings: Settings, now: datetime.datetime) -> KeyPair:
+def new_ca(settings: SelfManagedTls, now: datetime.datetime) -> KeyPair:
     name = f"{settings.service_name}.{settings.namespace} webhook CA {now:%Y%m%dT%H%M%S}"
     return make_ca(common_name=name[:64], valid_for=settings.ca_validity)
 
 
-def serving_cert(settings: Settings, ca: KeyPair, now: datetime.datetime) -> KeyPair:
+def serving_cert(settings: SelfManagedTls, ca: KeyPair, now: datetime.datetime) -> KeyPair:
     left = ca.certificate.not_valid_after_utc - now
     return make_serving_cert(ca, settings.dns_names, valid_for=min(settings.cert_validity, left))
 
 
-def fresh_material(settings: Settings, now: datetime.datetime, keep: Sequence[x509.Certificate] = ()) -> Material:
+def fresh_material(settings: SelfManagedTls, now: datetime.datetime, keep: Sequence[x509.Certificate] = ()) -> Material:
     """A new CA and serving pair; `keep` are CA certificates still worth trusting (not expired)."""
     ca = new_ca(settings, now)
     kept = tuple(c for c in keep if _is_ca(c) and valid_at(c, now) and _public(c) != _public(ca.certificate))

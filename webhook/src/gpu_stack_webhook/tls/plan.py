@@ -39,7 +39,7 @@ from gpu_stack_webhook.kube.client import (
     SecretObject,
     WebhookConfiguration,
 )
-from gpu_stack_webhook.tls.config import CA_CRT, LABELS, NEXT_ADDED_ANNOTATION, Settings
+from gpu_stack_webhook.tls.config import CA_CRT, LABELS, NEXT_ADDED_ANNOTATION, SelfManagedTls
 from gpu_stack_webhook.tls.material import (
     CorruptSecret,
     Material,
@@ -69,7 +69,7 @@ class Plan:
 def plan_material(
     material: Material,
     annotations: Mapping[str, str],
-    settings: Settings,
+    settings: SelfManagedTls,
     now: datetime.datetime,
     published: frozenset[bytes],
 ) -> Plan:
@@ -150,7 +150,7 @@ class SecretPlan:
 
 def plan_secret(
     secret: SecretObject | None,
-    settings: Settings,
+    settings: SelfManagedTls,
     now: datetime.datetime,
     published: frozenset[bytes] = frozenset(),
     owner: tuple[Mapping[str, Any], ...] = (),
@@ -180,7 +180,7 @@ def plan_secret(
                       result.reasons, problem=problem)
 
 
-def secret_object(settings: Settings, material: Material, annotations: Mapping[str, str],
+def secret_object(settings: SelfManagedTls, material: Material, annotations: Mapping[str, str],
                   base: SecretObject | None, owner: tuple[Mapping[str, Any], ...]) -> SecretObject:
     """The Secret holding `material`: our labels added to those read, the owner kept once set."""
     labels = {**(dict(base.labels) if base else {}), **LABELS}

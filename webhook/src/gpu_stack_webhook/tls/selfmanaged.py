@@ -11,7 +11,7 @@ master (`Renewer`). One reconcile:
 2. patches the bundle into the caBundle of every webhook of ITS OWN webhook configurations (strategic
    merge patch by webhook name);
 3. writes tls.crt/tls.key where gunicorn reads them (workers pick a new pair up on their next handshake,
-   see server/tls_context.py) and, once the caBundle is in place, the ready-file /readyz checks.
+   see tls/serving.py) and, once the caBundle is in place, the ready-file /readyz checks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpu_stack_webhook.kube.client import AlreadyExists, Conflict, KubeApi, KubeError, SecretObject
-from gpu_stack_webhook.tls.config import Settings
+from gpu_stack_webhook.tls.config import SelfManagedTls
 from gpu_stack_webhook.tls.files import mark_ready, write_pair
 from gpu_stack_webhook.tls.material import Material
 from gpu_stack_webhook.tls.plan import (
@@ -49,15 +49,13 @@ def utcnow() -> datetime.datetime:
 @dataclass
 class Status:
     ready: bool = False
-    secret_version: str = ""
-    serving_serial: int = 0
     bundle: bytes = b""
     reasons: list[str] = field(default_factory=list)
     error: str = ""
 
 
 class TlsManager:
-    def __init__(self, api: KubeApi, settings: Settings, clock: Callable[[], datetime.datetime] = utcnow) -> None:
+    def __init__(self, api: KubeApi, settings: SelfManagedTls, clock: Callable[[], datetime.datetime] = utcnow) -> None:
         self.api = api
         self.settings = settings
         self.clock = clock
@@ -130,7 +128,7 @@ class TlsManager:
         """One pass: Secret, caBundle, files, ready-file. Raises KubeError when the Secret cannot be
         made right (the caller retries); a caBundle problem only keeps the replica unready."""
         with self.lock:
-            secret, material = self.ensure_secret()
+            _, material = self.ensure_secret()
             assert material.serving is not None
             bundle = material.bundle_pem
             try:
@@ -145,9 +143,7 @@ class TlsManager:
             ready_file = self.settings.ready_file
             if published and mark_ready(ready_file):
                 log.info("TLS ready: certificate served, caBundle in place")
-            self.status = Status(ready=ready_file.exists(), secret_version=secret.resource_version,
-                                 serving_serial=material.serving.certificate.serial_number, bundle=bundle,
-                                 reasons=self.status.reasons)
+            self.status = Status(ready=ready_file.exists(), bundle=bundle, reasons=self.status.reasons)
             return self.status
 
     def clear_ready(self) -> None:

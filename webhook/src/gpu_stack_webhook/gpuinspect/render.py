@@ -1,4 +1,4 @@
-"""How `gpu-stack-webhook inspect` prints an `inspect.records.Report`: a table per node and a cluster
+"""How `gpu-stack-webhook inspect` prints a `records.Report`: a table per node and a cluster
 summary line (`-o wide` adds columns), or the versioned document as JSON or YAML.
 
 Colour (ANSI) only when asked for, which `color_wanted` decides as kubectl-style tools do: on a terminal
@@ -13,7 +13,7 @@ from typing import IO
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import Dashboards, NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.gpuinspect.records import Dashboards, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")

@@ -1,4 +1,5 @@
-"""A server SSLContext that picks up a renewed certificate without restarting anything.
+"""The server's SSLContext: TLS 1.2 at least, the pair checked before anything binds, and a renewed
+certificate picked up without restarting anything.
 
 gunicorn wraps every accepted connection with the context its `ssl_context` hook returns. The hook
 returns one `ReloadingContext.context` per worker process; its `sni_callback` runs at the start of
@@ -17,20 +18,46 @@ import ssl
 import threading
 from collections.abc import Callable
 
+from gpu_stack_webhook.filewatch import Signature, file_signature
+
 log = logging.getLogger("gpu_stack_webhook.tls")
 
-Signature = tuple[tuple[int, int, int, int], ...]
+MIN_TLS_VERSION = ssl.TLSVersion.TLSv1_2
+PairSignature = tuple[Signature | None, Signature | None]
 
 
-def file_signature(*paths: str) -> Signature:
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        except OSError:
-            out.append((0, 0, 0, 0))
-    return tuple(out)
+def check_pair(cert: str, key: str) -> None:
+    """Fail before gunicorn binds anything when the pair cannot be loaded (gunicorn would only notice
+    in each worker, on the first connection): a ValueError saying why."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile=cert, keyfile=key)
+    except ssl.SSLError as exc:  # before OSError: SSLError is one
+        raise ValueError(f"TLS certificate {cert} and key {key} cannot be used: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read TLS certificate {cert} / key {key}: {exc.strerror or exc}") from None
+
+
+def with_floor(default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """The default context (cert chain, no client certs) with TLS 1.2 as the floor and no compression."""
+    context = default_factory()
+    # MINIMUM_SUPPORTED (-2) and real versions below 1.2 are raised; a stricter floor (1.3) is kept.
+    context.minimum_version = max(context.minimum_version, MIN_TLS_VERSION)
+    context.options |= ssl.OP_NO_COMPRESSION
+    return context
+
+
+def server_context(default_factory: Callable[[], ssl.SSLContext], certfile: str | None,
+                   keyfile: str | None) -> ssl.SSLContext:
+    """With a pair of files, one context per process that reloads a renewed certificate on the next
+    handshake instead of reading the files for every connection; else the context with its floor."""
+    if certfile is None or keyfile is None:
+        return with_floor(default_factory)
+    return reloading_context(certfile, keyfile, lambda: with_floor(default_factory))
+
+
+def _pair_signature(certfile: str, keyfile: str) -> PairSignature:
+    return file_signature(certfile), file_signature(keyfile)
 
 
 class ReloadingContext:
@@ -39,14 +66,14 @@ class ReloadingContext:
         self.keyfile = keyfile
         self.factory = factory
         self.lock = threading.Lock()
-        self.signature = file_signature(certfile, keyfile)
+        self.signature = _pair_signature(certfile, keyfile)
         self.context = factory()  # the one gunicorn wraps sockets with
         self.current = self.context
-        self.failed: Signature | None = None
+        self.failed: PairSignature | None = None
         self.context.sni_callback = self._on_client_hello
 
     def _refresh(self) -> ssl.SSLContext:
-        signature = file_signature(self.certfile, self.keyfile)
+        signature = _pair_signature(self.certfile, self.keyfile)
         if signature in (self.signature, self.failed):
             return self.current
         with self.lock:

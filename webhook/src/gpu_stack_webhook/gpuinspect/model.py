@@ -18,36 +18,23 @@ and the device plugin configs the chart rendered into one record per GPU node:
   and 100/N percent of its threads (see tests/inspect/test_inspect_model.py for the upstream source).
 - The pods holding them: every container that requests a GPU resource, in pods bound to the node that
   have not finished (Succeeded and Failed pods hold nothing).
+- DRA devices (dra.py): what the NVIDIA DRA driver publishes for the node, and who holds each.
 
-- DRA devices (`dra_devices`): what the NVIDIA DRA driver publishes for the node in ResourceSlices, and
-  the ResourceClaim (and its pods) each device is allocated to.
-- The chart's Grafana dashboards (`dashboards`): its dashboard ConfigMaps and GrafanaDashboards in the
-  release (or monitoring.dashboards) namespace, with uid and title from the dashboard JSON and the folder.
-
-The records and their `-o json` / `-o yaml` shape (versioned, inspect-v1.schema.json) are in records.py.
+The chart's Grafana dashboards are read by dashboards.py. The records and their `-o json` / `-o yaml`
+shape (versioned, inspect-v1.schema.json) are in records.py.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
 
-from gpu_stack_webhook.inspect.records import (
-    Dashboard,
-    Dashboards,
-    DraDevice,
-    Holder,
-    MpsLimits,
-    NodeRecord,
-    Report,
-    ResourceUse,
-)
+from gpu_stack_webhook.gpuinspect.dra import dra_devices
+from gpu_stack_webhook.gpuinspect.fields import as_dict, as_int, as_quantity
+from gpu_stack_webhook.gpuinspect.records import Dashboards, Holder, MpsLimits, NodeRecord, Report, ResourceUse
 from gpu_stack_webhook.policy.config import ConfigError, DevicePluginConfig, GpuResources, PolicyConfig, SharingConfigs
-from gpu_stack_webhook.policy.quantity import parse_quantity
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -74,124 +61,7 @@ def sharing_from_configmap(data: Mapping[str, str], default_config: str | None =
     return SharingIndex(PolicyConfig(sharing=SharingConfigs(configs=configs, default_config=default)))
 
 
-# --- the chart's Grafana dashboards ----------------------------------------------------------------------
-
-# Where the folder is read from a ConfigMap: the chart's default monitoring.dashboards.folderAnnotation,
-# then the Grafana sidecar's own default (kiwigrid k8s-sidecar FOLDER_ANNOTATION).
-FOLDER_ANNOTATIONS = ("grafana_folder", "k8s-sidecar-target-directory")
-
-
-def _dashboard_json(text: Any) -> tuple[str | None, str | None]:
-    try:
-        doc = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        return None, None
-    uid, title = doc.get("uid"), doc.get("title")
-    return (uid if isinstance(uid, str) else None), (title if isinstance(title, str) else None)
-
-
-def dashboards(namespace: str, configmaps: Iterable[Mapping[str, Any]],
-               grafana_dashboards: Iterable[Mapping[str, Any]] = ()) -> Dashboards:
-    """The chart's dashboards as found in `namespace`: one per `*.json` key of its dashboard ConfigMaps
-    (what Grafana's sidecar imports), and one per GrafanaDashboard (what grafana-operator imports);
-    sorted by kind, then name."""
-    found: list[Dashboard] = []
-    for cm in configmaps:
-        meta = _dict(cm.get("metadata"))
-        annotations = _dict(meta.get("annotations"))
-        folder = next((str(annotations[k]) for k in FOLDER_ANNOTATIONS if k in annotations), None)
-        for key, text in sorted(_dict(cm.get("data")).items()):
-            if str(key).endswith(".json"):
-                uid, title = _dashboard_json(text)
-                found.append(Dashboard("ConfigMap", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
-                                       uid, title, folder))
-    for gd in grafana_dashboards:
-        meta, spec = _dict(gd.get("metadata")), _dict(gd.get("spec"))
-        uid, title = _dashboard_json(spec.get("json"))
-        folder = spec.get("folder")
-        found.append(Dashboard("GrafanaDashboard", str(meta.get("namespace", namespace)), str(meta.get("name", "")),
-                               uid, title, folder if isinstance(folder, str) else None))
-    return Dashboards(namespace, tuple(sorted(found, key=lambda d: (d.kind, d.name, d.uid or ""))))
-
-
-# --- DRA: devices from ResourceSlices, allocations from ResourceClaims -----------------------------------
-
-# The NVIDIA DRA driver's GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin: DriverName).
-DRA_DRIVERS = ("gpu.nvidia.com",)
-
-
-def _attribute(device: Mapping[str, Any], name: str) -> str | None:
-    value = _dict(_dict(device.get("attributes")).get(name))
-    for kind in ("string", "version", "int", "bool"):
-        if kind in value:
-            return str(value[kind])
-    return None
-
-
-def dra_devices(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
-                drivers: Iterable[str] = DRA_DRIVERS) -> dict[str, list[DraDevice]]:
-    """node -> the DRA devices of `drivers` published for it, each with the ResourceClaim allocated to it.
-
-    As the scheduler reads them (resource.k8s.io/v1): a slice belongs to a node by spec.nodeName; of a pool
-    only the slices of its newest spec.pool.generation count; a device is allocated when a claim's
-    status.allocation.devices.results names its driver, pool and device; the claim's status.reservedFor
-    lists the pods using it."""
-    wanted = set(drivers)
-    node_slices = [s for s in slices if _dict(s.get("spec")).get("driver") in wanted
-                   and _dict(s.get("spec")).get("nodeName")]
-    newest: dict[tuple[str, str], int] = {}
-    for sl in node_slices:
-        spec = _dict(sl.get("spec"))
-        key = (str(spec["driver"]), str(_dict(spec.get("pool")).get("name", "")))
-        newest[key] = max(newest.get(key, 0), _int(_dict(spec.get("pool")).get("generation")) or 0)
-    holders: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
-    for claim in claims:
-        meta, status = _dict(claim.get("metadata")), _dict(claim.get("status"))
-        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        pods = tuple(sorted(f"{meta.get('namespace', '')}/{r.get('name', '')}"
-                            for r in status.get("reservedFor") or [] if _dict(r).get("resource") == "pods"))
-        for entry in _dict(_dict(status.get("allocation")).get("devices")).get("results") or []:
-            result = _dict(entry)
-            holders[(str(result.get("driver")), str(result.get("pool")), str(result.get("device")))] = (name, pods)
-    by_node: dict[str, list[DraDevice]] = {}
-    for sl in node_slices:
-        spec = _dict(sl.get("spec"))
-        driver, pool = str(spec["driver"]), _dict(spec.get("pool"))
-        pool_name = str(pool.get("name", ""))
-        if (_int(pool.get("generation")) or 0) < newest[(driver, pool_name)]:
-            continue  # an older generation of the pool, being replaced: the scheduler ignores it
-        for entry in spec.get("devices") or []:
-            device = _dict(entry)
-            name = str(device.get("name", ""))
-            holder, pods = holders.get((driver, pool_name, name), (None, ()))
-            by_node.setdefault(str(spec["nodeName"]), []).append(DraDevice(
-                driver, pool_name, name, _attribute(device, "type"), _attribute(device, "productName"), holder, pods))
-    return {node: sorted(devices, key=lambda d: (d.driver, d.pool, d.name)) for node, devices in by_node.items()}
-
-
 # --- building -----------------------------------------------------------------------------------------
-
-
-def _int(value: Any) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(Decimal(str(value)))
-    except (InvalidOperation, ValueError):
-        return None
-
-
-def _quantity(value: Any) -> int:
-    try:
-        return int(parse_quantity(value))
-    except (ValueError, TypeError, ArithmeticError):
-        return 0
-
-
-def _dict(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, str, Mapping[str, Any]]]:
@@ -205,9 +75,9 @@ def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, str, Mapping[str
 
 def _requests(container: Mapping[str, Any]) -> dict[str, int]:
     # Extended resources cannot be overcommitted: the request is the limit, and a limit alone is the request.
-    resources = _dict(container.get("resources"))
-    merged = {**_dict(resources.get("limits")), **_dict(resources.get("requests"))}
-    return {name: _quantity(v) for name, v in merged.items()}
+    resources = as_dict(container.get("resources"))
+    merged = {**as_dict(resources.get("limits")), **as_dict(resources.get("requests"))}
+    return {name: as_quantity(v) for name, v in merged.items()}
 
 
 def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict[str, int]:
@@ -229,9 +99,9 @@ def pod_requests(spec: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> dict
                 if kind == "sidecar":
                     sidecars[name] = sidecars.get(name, 0) + amount
     merged = {n: max(total.get(n, 0), peak.get(n, 0)) for n in set(total) | set(peak)}
-    for name, amount in _dict(spec.get("overhead")).items():
+    for name, amount in as_dict(spec.get("overhead")).items():
         if is_gpu(name):
-            merged[name] = merged.get(name, 0) + _quantity(amount)
+            merged[name] = merged.get(name, 0) + as_quantity(amount)
     return {n: amount for n, amount in sorted(merged.items()) if amount}
 
 
@@ -240,8 +110,8 @@ def _is_gpu_node(labels: Mapping[str, str], gpu_resources: Iterable[str]) -> boo
 
 
 def _memory_label(labels: Mapping[str, str], resource: str) -> int | None:
-    own = _int(labels.get(f"{resource}.memory"))
-    return own if own is not None else _int(labels.get(f"{GPU}.memory"))
+    own = as_int(labels.get(f"{resource}.memory"))
+    return own if own is not None else as_int(labels.get(f"{GPU}.memory"))
 
 
 def _resource_use(name: str, node_labels: Mapping[str, str], advertised: tuple[Mapping[str, Any], Mapping[str, Any]],
@@ -254,13 +124,13 @@ def _resource_use(name: str, node_labels: Mapping[str, str], advertised: tuple[M
     elif config is None and f"{name}.sharing-strategy" in node_labels:  # no ConfigMap: what GFD says
         label = node_labels[f"{name}.sharing-strategy"]
         strategy = "exclusive" if label in ("none", "") else label
-        replicas = _int(node_labels.get(f"{name}.replicas"))
+        replicas = as_int(node_labels.get(f"{name}.replicas"))
     mps = None
     if strategy == "mps" and replicas:
         memory = _memory_label(node_labels, name)
         mps = MpsLimits(None if memory is None else memory // replicas, 100 // replicas)
     capacity, allocatable = advertised
-    return ResourceUse(name, _quantity(capacity.get(name, 0)), _quantity(allocatable.get(name, 0)), requested,
+    return ResourceUse(name, as_quantity(capacity.get(name, 0)), as_quantity(allocatable.get(name, 0)), requested,
                        strategy, replicas, mps)
 
 
@@ -307,27 +177,27 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
               sharing.is_gpu if sharing is not None else GpuResources().is_gpu)
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
-        node_name = _dict(pod.get("spec")).get("nodeName")
-        if node_name and _dict(pod.get("status")).get("phase") not in FINISHED_PHASES:
+        node_name = as_dict(pod.get("spec")).get("nodeName")
+        if node_name and as_dict(pod.get("status")).get("phase") not in FINISHED_PHASES:
             by_node.setdefault(node_name, []).append(pod)
     dra = dra_devices(resource_slices, resource_claims)
     records, other = [], 0
-    for node in sorted(nodes, key=lambda n: str(_dict(n.get("metadata")).get("name", ""))):
-        meta, status = _dict(node.get("metadata")), _dict(node.get("status"))
-        labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
-        capacity, allocatable = _dict(status.get("capacity")), _dict(status.get("allocatable"))
+    for node in sorted(nodes, key=lambda n: str(as_dict(n.get("metadata")).get("name", ""))):
+        meta, status = as_dict(node.get("metadata")), as_dict(node.get("status"))
+        labels = {str(k): str(v) for k, v in as_dict(meta.get("labels")).items()}
+        capacity, allocatable = as_dict(status.get("capacity")), as_dict(status.get("allocatable"))
         name = str(meta.get("name", ""))
         requested: dict[str, int] = {}
         holding: dict[str, list[str]] = {}
         holders: list[Holder] = []
         for pod in sorted(by_node.get(name, []), key=_pod_key):
-            pmeta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
+            pmeta, spec = as_dict(pod.get("metadata")), as_dict(pod.get("spec"))
             for res, amount in pod_requests(spec, is_gpu).items():
                 requested[res] = requested.get(res, 0) + amount
                 holding.setdefault(res, []).append(f"{pmeta.get('namespace', '')}/{pmeta.get('name', '')}")
             if holder_namespace is not None and pmeta.get("namespace") != holder_namespace:
                 continue
-            phase = str(_dict(pod.get("status")).get("phase") or "Unknown")
+            phase = str(as_dict(pod.get("status")).get("phase") or "Unknown")
             holders.extend(
                 Holder(str(pmeta.get("namespace", "")), str(pmeta.get("name", "")), cname, kind, res, amount, phase)
                 for kind, cname, reqs in _containers(spec) for res, amount in reqs.items() if is_gpu(res) and amount)
@@ -340,10 +210,10 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         records.append(NodeRecord(
             name=name,
             product=labels.get(f"{GPU}.product"),
-            memory_mib=_int(labels.get(f"{GPU}.memory")),
-            gpu_count=_int(labels.get(f"{GPU}.count")),
+            memory_mib=as_int(labels.get(f"{GPU}.memory")),
+            gpu_count=as_int(labels.get(f"{GPU}.count")),
             sharing_strategy=labels.get(f"{GPU}.sharing-strategy"),
-            replicas=_int(labels.get(f"{GPU}.replicas")),
+            replicas=as_int(labels.get(f"{GPU}.replicas")),
             config_label=labels.get(CONFIG_LABEL),
             config=config.name if config is not None else None,
             mig_strategy=labels.get("nvidia.com/mig.strategy"),
@@ -359,5 +229,5 @@ def build_report(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    meta = _dict(pod.get("metadata"))
+    meta = as_dict(pod.get("metadata"))
     return str(meta.get("namespace", "")), str(meta.get("name", ""))

@@ -16,8 +16,8 @@ read with the user's kubeconfig through the `kubernetes` client.
 - Every failure is an `InspectError` whose message says what to do: no kubeconfig, no answer from the
   server, credentials refused, or the verb and resource that RBAC refused.
 
-The client is built by kube/client.py's `api_client`, as for `serve`; the `kubernetes` package is imported
-where it is used, for the reason given there (CLI start-up time).
+Every request goes through the one Kubernetes adapter (kube/client.py `KubernetesClientApi.read_raw`: its
+request timeout, its errors), over the client kube/connect.py's `api_client` builds, as for `serve`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import orjson
 
-from gpu_stack_webhook.kube.client import ClientConfigError
-from gpu_stack_webhook.kube.client import api_client as new_api_client
+from gpu_stack_webhook.kube.client import ApiUnavailable, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.connect import ClientConfigError
+from gpu_stack_webhook.kube.connect import api_client as new_api_client
 
 DEFAULT_CHUNK_SIZE = 500
 DEFAULT_TIMEOUT = (5.0, 60.0)  # (connect, read) seconds per request
@@ -44,7 +46,7 @@ RBAC_HINT = "the chart's read-only ClusterRole and Role (inspect.rbac.create) gr
 DASHBOARD_SELECTOR = "app.kubernetes.io/part-of=gpu-stack,app.kubernetes.io/component=monitoring"
 GRAFANA_DASHBOARDS = ("grafana.integreatly.org", "v1beta1", "grafanadashboards")
 DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
-DRA_DRIVER = "gpu.nvidia.com"  # inspect.model.DRA_DRIVERS
+DRA_DRIVER = "gpu.nvidia.com"  # dra.DRA_DRIVERS
 
 
 class InspectError(Exception):
@@ -92,15 +94,13 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
 
 
 class Reader:
-    """Counts its requests; every call goes through `_get`."""
+    """Counts its requests; every call goes through `_raw`, and so through the adapter."""
 
     def __init__(self, api: Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
-        from kubernetes import client  # noqa: PLC0415 - start-up time, see kube/client.py
-
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.api = KubernetesClientApi(api, timeout)
+        self.core = self.api.core
+        self.custom = self.api.custom
         self.host = str(api.configuration.host)
-        self.timeout = timeout
         self.requests = 0
 
     def _get(self, method: Callable[..., Any], verb: str, resource: str, scope: str, *args: Any,
@@ -111,30 +111,13 @@ class Reader:
     def _raw(self, method: Callable[..., Any], verb: str, resource: str, scope: str, *args: Any,
              **kwargs: Any) -> bytes | None:
         """The response body as sent; None for 404; an InspectError for anything else that is not 2xx."""
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-        from urllib3.exceptions import HTTPError  # noqa: PLC0415
-
         self.requests += 1
         try:
-            response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            return bytes(response.data)
-        except ApiException as exc:
-            status = int(exc.status or 0)
-            message = _status_message(exc.body)
-            if status == 404:
-                return None
-            if status == 401:
-                raise InspectError(f"the API server at {self.host} refused the credentials (401 Unauthorized): "
-                                   f"{message}") from None
-            if status == 403:
-                raise InspectError(f"forbidden: you cannot {verb} {resource} {scope} ({message}); "
-                                   f"{RBAC_HINT}") from None
-            if status == 410:
-                raise InspectError(f"{verb} {resource}: the list changed too much while paging ({message}); "
-                                   "run the command again") from None
-            raise InspectError(f"{verb} {resource} {scope}: HTTP {status} {exc.reason}: {message}") from None
-        except (HTTPError, OSError) as exc:
-            raise InspectError(f"cannot reach the Kubernetes API server at {self.host}: {exc}") from None
+            return self.api.read_raw(method, *args, **kwargs)
+        except KubeError as exc:
+            if isinstance(exc, ApiUnavailable) and exc.status == 0:
+                raise InspectError(f"cannot reach the Kubernetes API server at {self.host}: {exc.message}") from None
+            raise _refused(exc, self.host, verb, resource, scope) from None
 
     def list_all(self, method: Callable[..., Any], resource: str, scope: str, *args: Any, chunk_size: int,
                  **selectors: str | None) -> Iterator[dict[str, Any]]:
@@ -252,14 +235,21 @@ def _continue_token(raw: bytes) -> str | None:
     return str(orjson.loads(found.group(1))) if found else None
 
 
-def _status_message(body: Any) -> str:
+def _refused(exc: KubeError, host: str, verb: str, resource: str, scope: str) -> InspectError:
+    """What the user is told when the API server answered a request with an error status."""
+    status, message = exc.status, exc.message or "no details"
+    if status == 401:
+        return InspectError(f"the API server at {host} refused the credentials (401 Unauthorized): {message}")
+    if status == 403:
+        return InspectError(f"forbidden: you cannot {verb} {resource} {scope} ({message}); {RBAC_HINT}")
+    if status == 410:
+        return InspectError(f"{verb} {resource}: the list changed too much while paging ({message}); "
+                            "run the command again")
     try:
-        parsed = orjson.loads(body or b"")
-        if isinstance(parsed, dict) and parsed.get("message"):
-            return str(parsed["message"])
-    except orjson.JSONDecodeError:
-        pass
-    return str(body or "no details")[:200]
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = exc.reason
+    return InspectError(f"{verb} {resource} {scope}: HTTP {status} {reason}: {message}")
 
 
 def fetch(api: Any, query: Query) -> Snapshot:

@@ -1,6 +1,6 @@
 """`gpu-stack-webhook inspect` and the kubectl plugin `kubectl gpu-stack inspect` (console script
-`kubectl-gpu_stack`): argument parsing only; data from kube.inspect, model from inspect.model
-(records in inspect.records), output from inspect.render.
+`kubectl-gpu_stack`): argument parsing only; data from fetch.py, model from model.py (records in
+records.py, dashboards in dashboards.py), output from render.py.
 
 Exit status: 0 printed, 1 the cluster could not be read (the message says why), 2 bad arguments.
 """
@@ -12,10 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_stack_webhook.inspect import model as inspect_model
-from gpu_stack_webhook.inspect import records as inspect_records
-from gpu_stack_webhook.inspect import render as inspect_render
-from gpu_stack_webhook.kube import inspect as inspect_kube
+from gpu_stack_webhook.gpuinspect import fetch as inspect_fetch
+from gpu_stack_webhook.gpuinspect import model as inspect_model
+from gpu_stack_webhook.gpuinspect import records as inspect_records
+from gpu_stack_webhook.gpuinspect import render as inspect_render
+from gpu_stack_webhook.gpuinspect.dashboards import dashboards as found_dashboards
 from gpu_stack_webhook.kube.client import KubernetesClientApi
 from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: --configmap-namespace)")
     add_source_arguments(parser, "chart", "where the sharing configs come from, as for the webhook "
                                           "(webhook.policySource): chart: the chart's --configmap")
-    parser.add_argument("--chunk-size", type=_positive, default=inspect_kube.DEFAULT_CHUNK_SIZE,
+    parser.add_argument("--chunk-size", type=_positive, default=inspect_fetch.DEFAULT_CHUNK_SIZE,
                         help="objects per list request (default %(default)s)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="auto: on a terminal unless NO_COLOR is set (default)")
@@ -65,14 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, api: Any = None) -> int:
     """`api`: an already configured kubernetes ApiClient (tests); else the user's kubeconfig."""
-    query = inspect_kube.Query(nodes=tuple(args.node), node_selector=args.selector, namespace=args.namespace,
+    query = inspect_fetch.Query(nodes=tuple(args.node), node_selector=args.selector, namespace=args.namespace,
                                configmap_namespace=args.configmap_namespace, configmap_name=args.configmap,
                                dashboards_namespace=args.dashboards_namespace, chunk_size=args.chunk_size,
                                chart_configmap=args.policy_source == "chart")
     try:
-        api = api or inspect_kube.api_client(args.kubeconfig, args.context)
-        snapshot = inspect_kube.fetch(api, query)
-    except inspect_kube.InspectError as exc:
+        api = api or inspect_fetch.api_client(args.kubeconfig, args.context)
+        snapshot = inspect_fetch.fetch(api, query)
+    except inspect_fetch.InspectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     notes = list(snapshot.notes)
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
             sharing = inspect_model.sharing_from_configmap(snapshot.configs, snapshot.default_config)
         except ConfigError as exc:
             notes.append(f"ConfigMap {query.configmap_namespace}/{query.configmap_name}: {exc}")
-    dashboards = None if snapshot.dashboards is None else inspect_model.dashboards(
+    dashboards = None if snapshot.dashboards is None else found_dashboards(
         query.dashboards_in, *snapshot.dashboards)
     report = inspect_model.build_report(snapshot.nodes, snapshot.pods, sharing, holder_namespace=args.namespace,
                                         notes=notes, dashboards=dashboards,
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
 def live_sharing(args: argparse.Namespace, api: Any) -> tuple[SharingIndex | None, str]:
     """The sharing configs the webhook follows with --policy-source (the same reader, the same message
     when they cannot be read: the webhook then refuses GPU pods, GPU010)."""
-    reads = KubernetesClientApi(api, inspect_kube.DEFAULT_TIMEOUT)
+    reads = KubernetesClientApi(api, inspect_fetch.DEFAULT_TIMEOUT)
     if args.policy_source == "gpu-operator":
         reader: OperatorReader | DevicePluginReader = OperatorReader(reads, args.cluster_policy,
                                                                      args.operator_namespace)

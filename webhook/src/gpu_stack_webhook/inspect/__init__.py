@@ -1,1 +1,0 @@
-"""inspect layer."""
