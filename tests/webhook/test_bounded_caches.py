@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from .recordlib import REPO_ROOT
 
 PACKAGE_ROOT = REPO_ROOT / "webhook" / "src" / "gpu_stack_webhook"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from .recordlib import REPO_ROOT
 
 PACKAGE_ROOT = REPO_ROOT / "webhook" / "src" / "gpu_stack_webhook"
