@@ -100,6 +100,16 @@ def _wait_enforced(cluster: E2ECluster, namespace: str, timeout: float = 60) -> 
         time.sleep(0.5)
 
 
+def _wait_refused(cluster: E2ECluster, namespace: str, obj: dict[str, Any], timeout: float = 60) -> None:
+    """Policies and bindings reach the API server's admission plugin one informer event at a time, so one
+    policy enforced (_wait_enforced) does not mean every one is: wait for this object's, by dry-run."""
+    deadline = time.monotonic() + timeout
+    while "ValidatingAdmissionPolicy" not in (proc := cluster.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(obj), check=False)).stderr:
+        assert time.monotonic() < deadline, f"not refused by a policy in {timeout} s: {proc.stdout}{proc.stderr}"
+        time.sleep(0.5)
+
+
 def _wait_not_enforced(cluster: E2ECluster, timeout: float = 60) -> None:
     """After uninstall the API server's policy informers drop the bindings, not at once: a release installed
     meanwhile in another namespace would still be judged by a binding that excluded only the old one."""
@@ -153,6 +163,7 @@ def test_cel_mode_refuses_bad_manifests_with_the_rules_messages_and_admits_good_
         cluster: E2ECluster, releases: Releases) -> None:
     namespace = _install_cel(cluster, releases)
     for case, (manifest, message) in BAD.items():
+        _wait_refused(cluster, namespace, manifest)
         proc = _apply(cluster, namespace, manifest)
         assert proc.returncode == 1, (case, proc.stdout)
         assert "ValidatingAdmissionPolicy" in proc.stderr and message in proc.stderr, (case, proc.stderr)

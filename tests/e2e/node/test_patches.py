@@ -41,7 +41,8 @@ SHOW = (f"echo MPS=$CUDA_MPS_PIPE_DIRECTORY; echo NVD=$NVIDIA_VISIBLE_DEVICES; l
 @pytest.fixture(scope="module")
 def mps_node(real_node: Any, cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
     helper = Releases(cluster)
-    cluster.create_namespace(TEST_NAMESPACE)
+    if cluster.kubectl("get", "namespace", TEST_NAMESPACE, check=False).returncode:  # another module made it
+        cluster.create_namespace(TEST_NAMESPACE)
     plugin: StandIn | None = None
     try:
         install_and_wait(helper, OVERLAY, namespace="gpu-stack",
