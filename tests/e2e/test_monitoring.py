@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from hack.monitoring import preview
+from gpu_stack_dev.generate.monitoring import preview
 
 from .e2elib import CHART, ROOT, WEBHOOK_KINDS, E2ECluster, LiveWebhook, Release, Releases, controlplane
 
