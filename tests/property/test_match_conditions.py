@@ -29,8 +29,8 @@ import yaml
 from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context
 from gpu_stack_webhook.policy.scope import in_scope, object_in_scope
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given, settings

@@ -62,7 +62,7 @@ def quantity_ok(raw: str) -> str:
             f"quantity({raw}).compareTo(quantity('0')) >= 0)")
 
 
-# Every GPU resource named in a container's requests or limits (rules.base.gpu_amounts), flattened:
+# Every GPU resource named in a container's requests or limits (policy.gpus.gpu_amounts), flattened:
 # {e: container entry, r: resource, hasReq, hasLim, req, lim} with req/lim as strings ('' when absent).
 GPU_AMOUNTS: Variable = ("gpuAmounts", (
     "variables.containers.map(e, "
@@ -73,7 +73,7 @@ GPU_AMOUNTS: Variable = ("gpuAmounts", (
 ))
 
 # Every deviceclass.resource.kubernetes.io/<GPU class> resource a container is given (count above 0: limit,
-# else request), in the order rules.base.dra_gpus reads them: {path: container path, r: resource}.
+# else request), in the order policy.dra.dra_gpus reads them: {path: container path, r: resource}.
 _DRA_PREFIX = "deviceclass.resource.kubernetes.io/"
 DRA_HELD: Variable = ("draHeld", (
     "variables.containers.map(e, "
@@ -88,7 +88,7 @@ DRA_NAMES = ("draNames", "cel.bind(l, variables.draHeld.map(h, h.r), "
              "lists.range(size(l)).filter(i, lists.range(i).all(j, l[j] != l[i])).map(i, l[i]).join(', '))")
 
 
-# The count a GPU amount gives its container (limit, else request), > 0 (rules.base.allocated_gpus).
+# The count a GPU amount gives its container (limit, else request), > 0 (policy.gpus.allocated_gpus).
 _ALLOCATES = ("cel.bind(n, a.hasLim ? a.lim : a.req, isQuantity(n) && quantity(n).compareTo(quantity('0')) > 0)")
 ALLOCATED: Variable = ("allocatedPaths", f"variables.gpuAmounts.filter(a, {_ALLOCATES}).map(a, a.e.path)")
 

@@ -69,7 +69,7 @@ _ENV_FROM = (
             "e.path + '.envFrom[' + string(p[0]) + ']'")
     + "))).flatten()"
 )
-# Pods that run under the NVIDIA runtime (rules.base.reaches_nvidia_runtime): GPU pods, or every pod where
+# Pods that run under the NVIDIA runtime (policy.signals.reaches_nvidia_runtime): GPU pods, or every pod where
 # it is the node's default runtime.
 _GPU_POD = ("(variables.podSpec.?runtimeClassName.orValue('') in variables.gpuRuntimeClassNames || "
             "size(variables.gpuAmounts) > 0)")

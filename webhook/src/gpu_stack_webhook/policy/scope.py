@@ -1,4 +1,4 @@
-"""Which of the rules' signals (base.Signal) a request carries: the Python twin of the webhook
+"""Which of the rules' signals (policy/signals.py Signal) a request carries: the Python twin of the webhook
 configurations' matchConditions (cel/match_conditions.py), compared with them on generated pods.
 
 Not on the review path: the rules gate themselves (each returns nothing outside its SCOPE, which
@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import names_dra
+from gpu_stack_webhook.policy.gpus import is_gpu_pod
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, names_dra, reaches_nvidia_runtime
 from gpu_stack_webhook.policy.rules.device_bypass import CDI_ANNOTATION_PREFIX, DEVICE_LIST_NAME
 from gpu_stack_webhook.policy.rules.mps import mps_selection
 from gpu_stack_webhook.policy.rules.visible_devices import VARIABLE
+from gpu_stack_webhook.policy.signals import Signal, reaches_nvidia_runtime
 
 
 def signals(pod: PodView, ctx: Context) -> frozenset[Signal]:

@@ -3,7 +3,7 @@
 The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
 
 - `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case),
-  `SCOPE`, the base.Signal values of the requests it can act on (outside them it returns no finding
+  `SCOPE`, the signals.Signal values of the requests it can act on (outside them it returns no finding
   and changes nothing: the API server is told not to call the webhook for such requests, through
   matchConditions generated from SCOPE by cel/match_conditions.py), and
   a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and the
@@ -14,7 +14,7 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
   list is cheaper to build and read than a generator), pure: no I/O, no clock, no Flask, no
   Kubernetes client (the import contract in `make lint` fails otherwise). Cluster facts come from
   `ctx.facts` when lookups are on. Walk every container with `pod.containers()` (containers,
-  initContainers and ephemeralContainers), and the shared helpers of rules/base.py.
+  initContainers and ephemeralContainers), and the shared helpers of policy/gpus.py (GPU arithmetic) and policy/dra.py (DRA claims).
 - What it checks: `Finding(ID, Severity.DENY | Severity.WARN, message, path)`; `deny_early=True` for
   what Kubernetes would reject before the validating webhooks run (then /mutate denies it too).
 - `MUTATING = False` for a rule that never changes the pod and never denies early: /mutate then runs it
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.findings import Finding
 from gpu_stack_webhook.policy.pod import PodView
@@ -52,7 +53,7 @@ from gpu_stack_webhook.policy.rules import (
     shared_requests,
     visible_devices,
 )
-from gpu_stack_webhook.policy.rules.base import Context, Signal
+from gpu_stack_webhook.policy.signals import Signal
 
 Check = Callable[[PodView, Context], Iterable[Finding]]
 # A rule for objects that hold no pod (GPU009: resource.k8s.io claims): (object, kind, desired, ctx).

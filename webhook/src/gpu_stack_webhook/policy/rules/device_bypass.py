@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import posixpath
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.signals import Signal, reaches_nvidia_runtime
 
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.dra import MPS, claim_spec_of
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU009"
 NAME = "dra-gpu-claims"

@@ -8,13 +8,15 @@ message that names the container, the resource, both values and what to do inste
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import GpuAmount, gpu_amounts
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count
-from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, Signal, gpu_amounts
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU001"
 NAME = "gpu-limits-equal-requests"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 FRACTION_HINT = "GPUs are whole devices; to share one use time-slicing, MPS or MIG"
 
 

@@ -26,11 +26,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import pod_claims
 from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts, pod_claims
 from gpu_stack_webhook.policy.sharing import Strategy
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU006"
 NAME = "mps-pod-injection"

@@ -17,7 +17,7 @@ Scope, exactly (what a CEL port must reproduce):
   not cdi-cri alone). Ephemeral containers cannot have resources, so a `kubectl debug` container with
   SYS_ADMIN in a GPU pod is always denied.
 
-GPUs from Dynamic Resource Allocation count the same way (rules/base.py dra_gpus): a pod holds GPUs
+GPUs from Dynamic Resource Allocation count the same way (policy/dra.py dra_gpus): a pod holds GPUs
 when a container references a claim (spec.resourceClaims, a ResourceClaim or ResourceClaimTemplate in
 the pod's namespace) with a request for a GPU DeviceClass (policy dra.gpuDeviceClasses), or names
 `deviceclass.resource.kubernetes.io/<GPU class>`; a container's own GPU is then such a claim or
@@ -43,22 +43,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import dra_gpus, unresolved_claims, unresolved_note
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import allocated_gpus, candidate_configs, is_gpu_pod
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import (
-    Context,
-    Signal,
-    allocated_gpus,
-    candidate_configs,
-    dra_gpus,
-    is_gpu_pod,
-    unresolved_claims,
-    unresolved_note,
-)
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 # Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
 SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})

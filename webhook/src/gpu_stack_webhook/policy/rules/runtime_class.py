@@ -11,13 +11,15 @@ at all). Pods that name the class without a GPU are judged as GPU pods by GPU003
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import allocates_gpus
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, allocates_gpus
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU008"
 NAME = "gpu-runtime-class"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:

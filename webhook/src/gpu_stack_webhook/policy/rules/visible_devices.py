@@ -13,7 +13,7 @@ no finding at all. Secrets are never read, so a secretRef without a prefix keeps
 a ConfigMap that does not exist yet or could not be read (the warning says why).
 
 A pod whose GPUs come by Dynamic Resource Allocation (a claim with a GPU request, or a
-deviceclass.resource.kubernetes.io/<GPU class> resource; rules/base.py dra_gpus) reaches the NVIDIA
+deviceclass.resource.kubernetes.io/<GPU class> resource; policy/dra.py dra_gpus) reaches the NVIDIA
 runtime like a GPU pod, and the denial names its claims. Where the runtime is not the default, a pod
 with a claim the webhook cannot read gets each denial under `dra.unresolvedClaims` (deny or warn),
 saying which claim could not be read.
@@ -24,17 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import dra_gpus, unresolved_claims, unresolved_note
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import is_gpu_pod
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import (
-    Context,
-    Signal,
-    dra_gpus,
-    is_gpu_pod,
-    reaches_nvidia_runtime,
-    unresolved_claims,
-    unresolved_note,
-)
+from gpu_stack_webhook.policy.signals import Signal, reaches_nvidia_runtime
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
