@@ -14,7 +14,8 @@ The interface, all of it (policy/engine.py runs it, cel/ reads ID and NAME):
   list is cheaper to build and read than a generator), pure: no I/O, no clock, no Flask, no
   Kubernetes client (the import contract in `make lint` fails otherwise). Cluster facts come from
   `ctx.facts` when lookups are on. Walk every container with `pod.containers()` (containers,
-  initContainers and ephemeralContainers), and the shared helpers of policy/gpus.py (GPU arithmetic) and policy/dra.py (DRA claims).
+  initContainers and ephemeralContainers), and the shared helpers of policy/gpus.py (GPU arithmetic)
+  and policy/dra.py (DRA claims).
 - What it checks: `Finding(ID, Severity.DENY | Severity.WARN, message, path)`; `deny_early=True` for
   what Kubernetes would reject before the validating webhooks run (then /mutate denies it too).
 - `MUTATING = False` for a rule that never changes the pod and never denies early: /mutate then runs it
@@ -88,3 +89,8 @@ RULES: tuple[Rule, ...] = tuple(
               runtime_class, dra_claims, policy_source, runtime_class_allocation)
 )
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)
+
+
+def webhook_rules(mutating: bool) -> tuple[Rule, ...]:
+    """The rules a webhook runs before the config disables any: /mutate the mutating ones, /validate all."""
+    return tuple(rule for rule in RULES if rule.mutating or not mutating)

@@ -15,15 +15,18 @@ import posixpath
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.signals import Signal, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.signals import (
+    CDI_ANNOTATION_PREFIX,
+    DEVICE_LIST_DIR,
+    DEVICE_LIST_NAME,
+    Signal,
+    reaches_nvidia_runtime,
+)
 
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.CDI_ANNOTATION, Signal.NVIDIA_RUNTIME)
-DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
-DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def _under_device_dir(mount_path: str) -> bool:

@@ -23,7 +23,7 @@ says so instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from gpu_stack_webhook.policy.context import Context
@@ -33,34 +33,11 @@ from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.gpus import candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.sharing import Strategy
-from gpu_stack_webhook.policy.signals import Signal
+from gpu_stack_webhook.policy.signals import Signal, mps_selection
 
 ID = "GPU006"
 NAME = "mps-pod-injection"
 SCOPE = (Signal.GPU_POD, Signal.MPS_SELECTION)
-
-
-def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
-    if key == ctx.sharing.label:
-        return bool(values & ctx.sharing.mps_config_names)
-    return key in wanted and wanted[key] in values
-
-
-def mps_selection(pod: PodView, ctx: Context) -> str | None:
-    """Why this pod is an MPS pod without looking at its resources (Signal.MPS_SELECTION), or None."""
-    if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
-        return f"annotation {ctx.config.mps.annotation}"
-    wanted = ctx.config.mps.node_selector
-    for key, value in pod.node_selector.items():
-        if _selects(key, {str(value)}, wanted, ctx):
-            return f"selects {key}={value}"
-    for term in pod.required_node_selector_terms():
-        for expr in term.get("matchExpressions") or []:
-            if isinstance(expr, Mapping) and expr.get("operator") == "In":
-                values = {str(v) for v in expr.get("values") or []}
-                if _selects(expr.get("key"), values, wanted, ctx):
-                    return f"affinity on {expr.get('key')}"
-    return None
 
 
 def mps_reason(pod: PodView, ctx: Context) -> str | None:

@@ -29,13 +29,13 @@ from gpu_stack_webhook.policy.dra import dra_gpus, unresolved_claims, unresolved
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.gpus import is_gpu_pod
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.signals import Signal, reaches_nvidia_runtime
+from gpu_stack_webhook.policy.signals import VISIBLE_DEVICES, Signal, reaches_nvidia_runtime
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.NVIDIA_RUNTIME,)
-VARIABLE = "NVIDIA_VISIBLE_DEVICES"
+VARIABLE = VISIBLE_DEVICES
 
 
 def _source(entry: Mapping[str, object]) -> str:
