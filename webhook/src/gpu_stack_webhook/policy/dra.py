@@ -30,6 +30,14 @@ SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
 # device of that DeviceClass through a claim the scheduler makes.
 EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 MPS = "MPS"
+# What is wrong with an NVIDIA opaque config the driver could not read (ClaimSpec.problems; GPU009's CEL twin
+# gives the same texts).
+NOT_AN_OBJECT = f"parameters of driver {DRIVER} are not an object"
+WRONG_API_VERSION = f"apiVersion is not {CONFIG_API_VERSION}"
+SHARING_NOT_AN_OBJECT = "sharing is not an object"
+UNKNOWN_STRATEGY = f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"
+MPS_CONFIG_NOT_AN_OBJECT = "mpsConfig is not an object"
+LIMIT_NOT_A_QUANTITY = "defaultPinnedDeviceMemoryLimit is not a quantity"
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -96,11 +104,11 @@ class ClaimSpec:
         at = f"{at}.opaque.parameters"
         parameters = opaque.get("parameters")
         if not isinstance(parameters, dict):
-            self.problems.append((at, f"parameters of driver {DRIVER} are not an object"))
+            self.problems.append((at, NOT_AN_OBJECT))
             return
         kind = parameters.get("kind")
         if parameters.get("apiVersion") != CONFIG_API_VERSION:
-            self.problems.append((f"{at}.apiVersion", f"apiVersion is not {CONFIG_API_VERSION}"))
+            self.problems.append((f"{at}.apiVersion", WRONG_API_VERSION))
             return
         if kind not in SHARING_KINDS:
             return  # VfioDeviceConfig, ComputeDomain configs: no sharing to judge
@@ -108,21 +116,19 @@ class ClaimSpec:
         if sharing is None:
             return
         if not isinstance(sharing, dict):
-            self.problems.append((f"{at}.sharing", "sharing is not an object"))
+            self.problems.append((f"{at}.sharing", SHARING_NOT_AN_OBJECT))
             return
         strategy = sharing.get("strategy")
         if strategy not in DRA_SHARING_STRATEGIES:
-            self.problems.append((f"{at}.sharing.strategy",
-                                  f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"))
+            self.problems.append((f"{at}.sharing.strategy", UNKNOWN_STRATEGY))
             return
         mps = sharing.get("mpsConfig")
         if mps is not None and not isinstance(mps, dict):
-            self.problems.append((f"{at}.sharing.mpsConfig", "mpsConfig is not an object"))
+            self.problems.append((f"{at}.sharing.mpsConfig", MPS_CONFIG_NOT_AN_OBJECT))
             return
         limit = _dict(mps).get("defaultPinnedDeviceMemoryLimit")
         if limit is not None and not _is_quantity(limit):
-            self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
-                                  "defaultPinnedDeviceMemoryLimit is not a quantity"))
+            self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit", LIMIT_NOT_A_QUANTITY))
             return
         requests = tuple(str(r) for r in _list(entry.get("requests")))
         self.sharing.append(SharingConfig(str(strategy), limit is not None, requests, at))

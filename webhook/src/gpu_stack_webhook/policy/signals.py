@@ -133,7 +133,7 @@ def dra_object(pod: PodView, ctx: Context) -> bool:
 CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "mpsAnnotation", "mpsNodeSelector",
           "nvidiaRuntimeIsDefault", "disabledRules")
 
-# The pod spec and pod metadata of a Pod or a workload's template (library.POD_VARIABLES, with every
+# The pod spec and pod metadata of a Pod or a workload's template (cel_twin.POD_VARIABLES, with every
 # step optional: a matchCondition that fails to evaluate is a refusal under failurePolicy Fail).
 _SPEC = ("(object.kind == 'Pod' ? object.?spec : object.kind == 'CronJob' ? "
          "object.?spec.?jobTemplate.?spec.?template.?spec : object.?spec.?template.?spec).orValue({})")

@@ -20,6 +20,9 @@ from gpu_stack_webhook.policy.signals import Signal
 ID = "GPU010"
 NAME = "policy-source-readable"
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("the live policy source (the GPU Operator's ClusterPolicy, the device plugin's ConfigMap) is read by "
+                "the webhook")
 MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 

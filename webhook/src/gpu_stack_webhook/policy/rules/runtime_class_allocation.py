@@ -29,6 +29,9 @@ from gpu_stack_webhook.policy.signals import Signal
 ID = "GPU011"
 NAME = "gpu-runtime-needs-own-gpu"
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("whether the toolkit accepts the image environment (envvarWhenUnprivileged) comes from the live "
+                "policy source, and a pod's claims need a lookup")
 MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 

@@ -17,6 +17,9 @@ from gpu_stack_webhook.policy.signals import Signal
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("it judges a request against every device plugin config the pod could land on, a split verdict is a "
+                "warning, and a policy denies or warns per binding, not per finding")
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 
