@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpu_stack_webhook.cel import match_conditions, render
 
-from gpu_stack_dev.generate import chart_security, env_table, overlay_table, rbac_table, values_table
+from gpu_stack_dev.generate import cel_table, chart_security, env_table, overlay_table, rbac_table, values_table
 from gpu_stack_dev.generate.monitoring import files
 from gpu_stack_dev.generate.paths import CHART, COMMAND, ROOT
 
@@ -62,6 +62,8 @@ def generated() -> list[Generated]:
                   _whole(render.text)),
         Generated(CHART / "files" / "match-conditions.yaml", "the rule modules' SCOPE and policy/signals.py",
                   _whole(match_conditions.text)),
+        Generated(ROOT / "docs" / "cel-mode.md", "the rule modules' CEL twins and WEBHOOK_ONLY", cel_table.readme,
+                  cel_table.SECTION),
         *_monitoring(),
         Generated(chart_readme, "values.yaml and values.schema.json", values_table.readme, values_table.SECTION),
         Generated(chart_readme, "the chart rendered with every overlay", rbac_table.readme, rbac_table.SECTION),

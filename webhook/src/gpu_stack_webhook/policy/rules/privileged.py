@@ -65,8 +65,7 @@ ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
-WEBHOOK_ONLY = ("a pod's claims (spec.resourceClaims) need a lookup, and a claim that cannot be read "
-                "(dra.unresolvedClaims)")
+WEBHOOK_ONLY = "a pod's claims (spec.resourceClaims: a lookup) and claims that cannot be read (dra.unresolvedClaims)"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 # Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
 SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})

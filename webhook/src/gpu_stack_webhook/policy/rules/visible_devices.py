@@ -48,8 +48,8 @@ NAME = "no-nvidia-visible-devices"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.NVIDIA_RUNTIME,)
 # What stays webhook-only, and why (rules/__init__.py).
-WEBHOOK_ONLY = ("the warnings (an envFrom without a prefix) and the ConfigMap lookup; a pod's claims need a lookup, "
-                "and a claim that cannot be read (dra.unresolvedClaims)")
+WEBHOOK_ONLY = ("the warnings (an envFrom without a prefix), the ConfigMap lookup, a pod's claims (a lookup) and "
+                "claims that cannot be read (dra.unresolvedClaims)")
 VARIABLE = VISIBLE_DEVICES
 SETS = Message(f"{{label}} sets {VARIABLE} {{spelled}}; {{how}}")
 PREFIXED = Message(f'{{label}} imports {{source}} with prefix "{{prefix}}", which can produce {VARIABLE}; use a '
