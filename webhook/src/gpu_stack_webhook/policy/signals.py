@@ -57,13 +57,66 @@ class Signal(enum.Enum):
     DRA_OBJECT = "dra-object"
 
 
-# --- The Python predicates ---------------------------------------------------------------------------------
+# --- What every CEL expression reads --------------------------------------------------------------------------
 
+# The config the expressions read (cel/library.config_values keys).
+CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "mpsAnnotation", "mpsNodeSelector",
+          "nvidiaRuntimeIsDefault", "disabledRules")
+
+# The pod spec and pod metadata of a Pod or a workload's template (cel_twin.POD_VARIABLES, with every
+# step optional: a matchCondition that fails to evaluate is a refusal under failurePolicy Fail).
+_SPEC = ("(object.kind == 'Pod' ? object.?spec : object.kind == 'CronJob' ? "
+         "object.?spec.?jobTemplate.?spec.?template.?spec : object.?spec.?template.?spec).orValue({})")
+_ANNOTATIONS = ("(object.kind == 'Pod' ? object.?metadata : object.kind == 'CronJob' ? "
+                "object.?spec.?jobTemplate.?spec.?template.?metadata : object.?spec.?template.?metadata)"
+                ".?annotations.orValue({})")
+
+# The API server meters matchConditions (k8s.io/apiserver pkg/apis/cel/config.go, v1.36: PerCallLimit
+# 1,000,000 per expression, RuntimeCELCostBudgetMatchConditions 2,500,000 per webhook) and refuses a
+# request whose conditions run over under failurePolicy Fail. Iterating a 1.5 MiB pod's tens of thousands
+# of resource keys or annotations runs over, so every list or map is sized first (size() is one step) and
+# one larger than these bounds sends the request to the webhook without being read: the conditions' cost
+# is bounded by the constants, whatever the pod (tests/e2e/test_match_conditions.py, on the API server).
+MAX_CONTAINERS = 64  # containers + initContainers + ephemeralContainers
+MAX_RESOURCES = 32  # requests + limits entries of one container
+MAX_ANNOTATIONS = 128
+MAX_SELECTOR = 64  # nodeSelector entries
+MAX_TERMS = 8  # required node affinity terms
+MAX_EXPRESSIONS = 16  # matchExpressions of one term
+MAX_ENV = 64  # env entries of one container
+MAX_MOUNTS = 32  # volumeMounts of one container
+
+
+# --- Signal.GPU_POD -------------------------------------------------------------------------------------------
 
 def gpu_pod(pod: PodView, ctx: Context) -> bool:
     """Signal.GPU_POD."""
     return is_gpu_pod(pod, ctx) or names_dra(pod)
 
+
+_IS_GPU = ("(r in ${gpuNames} || ${gpuPrefixes}.exists(p, r.startsWith(p)) || "
+           f"r.startsWith('{EXTENDED_RESOURCE_PREFIX}'))")
+_CONTAINER_LISTS = [f"spec.?{field}.orValue([])" for field, _ in CONTAINER_FIELDS]
+# The maps are read twice rather than bound: in cel-go a binding is a one-element comprehension (lower_binds),
+# which costs the API server more than a second optional select.
+_REQUESTS, _LIMITS = "c.?resources.?requests.orValue({})", "c.?resources.?limits.orValue({})"
+_NAMES_GPU = (
+    f"size({_REQUESTS}) + size({_LIMITS}) > {MAX_RESOURCES} || "
+    f"{_REQUESTS}.exists(r, {_IS_GPU}) || {_LIMITS}.exists(r, {_IS_GPU})"
+)
+# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
+_GPU_POD = (
+    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || size(spec.?resourceClaims.orValue([])) > 0 || "
+    f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
+    + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
+)
+
+# The names every expression may read, bound in this order around them.
+BINDINGS = (("spec", _SPEC), ("annotations", _ANNOTATIONS), ("gpuPod", _GPU_POD))
+GPU_POD_CEL = "gpuPod"
+
+
+# --- Signal.NVIDIA_RUNTIME ------------------------------------------------------------------------------------
 
 def reaches_nvidia_runtime(pod: PodView, ctx: Context) -> bool:
     """Does the pod run under the NVIDIA runtime (Signal.NVIDIA_RUNTIME)? Only there do
@@ -88,6 +141,19 @@ def reads_runtime_input(pod: PodView) -> bool:
                 return True
     return False
 
+
+# What the NVIDIA runtime reads from a pod spec: NVIDIA_VISIBLE_DEVICES in env (or from an envFrom source,
+# with or without a prefix) and mounts under its device list directory (reads_runtime_input).
+_RUNTIME_INPUT = " || ".join(
+    f"{lst}.exists(c, cel.bind(env, c.?env.orValue([]), cel.bind(mounts, c.?volumeMounts.orValue([]), "
+    f"size(c.?envFrom.orValue([])) > 0 || size(env) > {MAX_ENV} || size(mounts) > {MAX_MOUNTS} || "
+    f"env.exists(e, e.?name.orValue('') == '{VISIBLE_DEVICES}') || "
+    f"mounts.exists(m, m.?mountPath.orValue('').contains('{DEVICE_LIST_NAME}')))))"
+    for lst in _CONTAINER_LISTS)
+NVIDIA_RUNTIME_CEL = f"gpuPod || ${{nvidiaRuntimeIsDefault}} && ({_RUNTIME_INPUT})"
+
+
+# --- Signal.MPS_SELECTION -------------------------------------------------------------------------------------
 
 def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
     if key == ctx.sharing.label:
@@ -117,75 +183,40 @@ def mps_selected(pod: PodView, ctx: Context) -> bool:
     return mps_selection(pod, ctx) is not None
 
 
+_AFFINITY_TERMS = ("spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
+                   ".?nodeSelectorTerms.orValue([])")
+_MPS_KEY = "(k == ${configLabel} || k in ${mpsNodeSelector})"
+MPS_SELECTION_CEL = (
+    "${mpsAnnotation} in annotations || "
+    f"cel.bind(ns, spec.?nodeSelector.orValue({{}}), size(ns) > {MAX_SELECTOR} || ns.exists(k, {_MPS_KEY})) || "
+    f"cel.bind(terms, {_AFFINITY_TERMS}, size(terms) > {MAX_TERMS} || terms.exists(t, "
+    f"cel.bind(xs, t.?matchExpressions.orValue([]), size(xs) > {MAX_EXPRESSIONS} || xs.exists(x, "
+    f"cel.bind(k, x.?key.orValue(''), {_MPS_KEY})))))"
+)
+
+
+# --- Signal.CDI_ANNOTATION ------------------------------------------------------------------------------------
+
 def cdi_annotation(pod: PodView, ctx: Context) -> bool:
     """Signal.CDI_ANNOTATION."""
     return any(isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX) for key in pod.annotations)
 
+
+CDI_ANNOTATION_CEL = (f"size(annotations) > {MAX_ANNOTATIONS} || "
+                      f"annotations.exists(k, k.startsWith('{CDI_ANNOTATION_PREFIX}'))")
+
+
+# --- Signal.DRA_OBJECT ----------------------------------------------------------------------------------------
 
 def dra_object(pod: PodView, ctx: Context) -> bool:
     """Signal.DRA_OBJECT: never a pod (scope.object_in_scope judges the kinds)."""
     return False
 
 
-# --- The CEL expressions -----------------------------------------------------------------------------------
+DRA_OBJECT_CEL = "object.kind == 'ResourceClaim' || object.kind == 'ResourceClaimTemplate'"
 
-# The config the expressions read (library.config_values keys).
-CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "mpsAnnotation", "mpsNodeSelector",
-          "nvidiaRuntimeIsDefault", "disabledRules")
 
-# The pod spec and pod metadata of a Pod or a workload's template (cel_twin.POD_VARIABLES, with every
-# step optional: a matchCondition that fails to evaluate is a refusal under failurePolicy Fail).
-_SPEC = ("(object.kind == 'Pod' ? object.?spec : object.kind == 'CronJob' ? "
-         "object.?spec.?jobTemplate.?spec.?template.?spec : object.?spec.?template.?spec).orValue({})")
-_ANNOTATIONS = ("(object.kind == 'Pod' ? object.?metadata : object.kind == 'CronJob' ? "
-                "object.?spec.?jobTemplate.?spec.?template.?metadata : object.?spec.?template.?metadata)"
-                ".?annotations.orValue({})")
-# The API server meters matchConditions (k8s.io/apiserver pkg/apis/cel/config.go, v1.36: PerCallLimit
-# 1,000,000 per expression, RuntimeCELCostBudgetMatchConditions 2,500,000 per webhook) and refuses a
-# request whose conditions run over under failurePolicy Fail. Iterating a 1.5 MiB pod's tens of thousands
-# of resource keys or annotations runs over, so every list or map is sized first (size() is one step) and
-# one larger than these bounds sends the request to the webhook without being read: the conditions' cost
-# is bounded by the constants, whatever the pod (tests/e2e/test_match_conditions.py, on the API server).
-MAX_CONTAINERS = 64  # containers + initContainers + ephemeralContainers
-MAX_RESOURCES = 32  # requests + limits entries of one container
-MAX_ANNOTATIONS = 128
-MAX_SELECTOR = 64  # nodeSelector entries
-MAX_TERMS = 8  # required node affinity terms
-MAX_EXPRESSIONS = 16  # matchExpressions of one term
-MAX_ENV = 64  # env entries of one container
-MAX_MOUNTS = 32  # volumeMounts of one container
-
-_IS_GPU = ("(r in ${gpuNames} || ${gpuPrefixes}.exists(p, r.startsWith(p)) || "
-           f"r.startsWith('{EXTENDED_RESOURCE_PREFIX}'))")
-_CONTAINER_LISTS = [f"spec.?{field}.orValue([])" for field, _ in CONTAINER_FIELDS]
-# The maps are read twice rather than bound: in cel-go a binding is a one-element comprehension (lower_binds),
-# which costs the API server more than a second optional select.
-_REQUESTS, _LIMITS = "c.?resources.?requests.orValue({})", "c.?resources.?limits.orValue({})"
-_NAMES_GPU = (
-    f"size({_REQUESTS}) + size({_LIMITS}) > {MAX_RESOURCES} || "
-    f"{_REQUESTS}.exists(r, {_IS_GPU}) || {_LIMITS}.exists(r, {_IS_GPU})"
-)
-# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
-_GPU_POD = (
-    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || size(spec.?resourceClaims.orValue([])) > 0 || "
-    f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
-    + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
-)
-# What the NVIDIA runtime reads from a pod spec: NVIDIA_VISIBLE_DEVICES in env (or from an envFrom source,
-# with or without a prefix) and mounts under its device list directory (scope.reads_runtime_input).
-_RUNTIME_INPUT = " || ".join(
-    f"{lst}.exists(c, cel.bind(env, c.?env.orValue([]), cel.bind(mounts, c.?volumeMounts.orValue([]), "
-    f"size(c.?envFrom.orValue([])) > 0 || size(env) > {MAX_ENV} || size(mounts) > {MAX_MOUNTS} || "
-    f"env.exists(e, e.?name.orValue('') == '{VISIBLE_DEVICES}') || "
-    f"mounts.exists(m, m.?mountPath.orValue('').contains('{DEVICE_LIST_NAME}')))))"
-    for lst in _CONTAINER_LISTS)
-_AFFINITY_TERMS = ("spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
-                   ".?nodeSelectorTerms.orValue([])")
-_MPS_KEY = "(k == ${configLabel} || k in ${mpsNodeSelector})"
-
-# The names every expression may read, bound in this order around them.
-BINDINGS = (("spec", _SPEC), ("annotations", _ANNOTATIONS), ("gpuPod", _GPU_POD))
-
+# --- The signals, each with both predicates -------------------------------------------------------------------
 
 class Carried:
     """How to tell that a request carries a signal: in Python (on the pod, for a rule's context) and in CEL
@@ -199,17 +230,9 @@ class Carried:
 
 
 SIGNALS: dict[Signal, Carried] = {
-    Signal.GPU_POD: Carried(gpu_pod, "gpuPod"),
-    Signal.NVIDIA_RUNTIME: Carried(
-        nvidia_runtime, f"gpuPod || ${{nvidiaRuntimeIsDefault}} && ({_RUNTIME_INPUT})"),
-    Signal.MPS_SELECTION: Carried(mps_selected, (
-        "${mpsAnnotation} in annotations || "
-        f"cel.bind(ns, spec.?nodeSelector.orValue({{}}), size(ns) > {MAX_SELECTOR} || ns.exists(k, {_MPS_KEY})) || "
-        f"cel.bind(terms, {_AFFINITY_TERMS}, size(terms) > {MAX_TERMS} || terms.exists(t, "
-        f"cel.bind(xs, t.?matchExpressions.orValue([]), size(xs) > {MAX_EXPRESSIONS} || xs.exists(x, "
-        f"cel.bind(k, x.?key.orValue(''), {_MPS_KEY})))))"
-    )),
-    Signal.CDI_ANNOTATION: Carried(cdi_annotation, (
-        f"size(annotations) > {MAX_ANNOTATIONS} || annotations.exists(k, k.startsWith('{CDI_ANNOTATION_PREFIX}'))")),
-    Signal.DRA_OBJECT: Carried(dra_object, "object.kind == 'ResourceClaim' || object.kind == 'ResourceClaimTemplate'"),
+    Signal.GPU_POD: Carried(gpu_pod, GPU_POD_CEL),
+    Signal.NVIDIA_RUNTIME: Carried(nvidia_runtime, NVIDIA_RUNTIME_CEL),
+    Signal.MPS_SELECTION: Carried(mps_selected, MPS_SELECTION_CEL),
+    Signal.CDI_ANNOTATION: Carried(cdi_annotation, CDI_ANNOTATION_CEL),
+    Signal.DRA_OBJECT: Carried(dra_object, DRA_OBJECT_CEL),
 }
