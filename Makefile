@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image
+.PHONY: all venv generate test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image
 
 all: test
 
@@ -60,6 +60,12 @@ $(PURE_STAMP): $(DEPS_STAMP) $(WEBHOOK_SOURCES)
 
 helm:
 	@hack/ensure-helm.sh >/dev/null
+
+# Every generated file (the CEL policies, the matchConditions, the monitoring files, the README and docs
+# tables), rewritten from its description: the list is dev/src/gpu_stack_dev/generate/__init__.py, and
+# tests/test_generated.py fails, naming the file, while one is stale.
+generate: $(STAMP) helm
+	$(PY) -m gpu_stack_dev.generate
 
 # promtool for the alert rules' checks and unit tests (tests/monitoring): Debian's prometheus package.
 promtool:

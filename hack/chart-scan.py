@@ -2,7 +2,7 @@
 """Scan the rendered chart with checkov (Kubernetes framework): the defaults, every overlay in
 Chart-values-examples/ and a render with a helm test namespace. Fails on any failed check, on a parsing
 error, and on any skipped check that is not declared with a reason for a check ALLOWED to be skipped
-(hack/chart_security.py). Prints passed / skipped / failed per scenario and failed checks per workload.
+(gpu_stack_dev.generate.chart_security). Prints passed / skipped / failed per scenario and failed checks per workload.
 
     hack/chart-scan.py [--checkov PATH]      (default: hack/ensure-checkov.sh installs checkov 3.3.30)
 """
@@ -10,7 +10,6 @@ error, and on any skipped check that is not declared with a reason for a check A
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,11 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpu_stack_dev.generate import chart_security as security
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("chart_security", ROOT / "hack" / "chart_security.py")
-assert _spec and _spec.loader
-security = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(security)
 
 
 def checkov_path() -> str:

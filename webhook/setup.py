@@ -24,32 +24,23 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 PURE_PYTHON = os.environ.get("GPU_STACK_WEBHOOK_PURE_PYTHON") == "1"
 
-# Paths under src/gpu_stack_webhook/. Not policy/config.py: its pydantic models are Python classes.
+# Paths under src/gpu_stack_webhook/, and every rule module (RULE_MODULES: a new rule joins the build by being
+# there). Not policy/config.py: its pydantic models are Python classes.
 # server/metrics.py and metric_values.py: every review is counted through them.
 COMPILED = [
     "admission/decide.py",
     "admission/pipeline.py",
     "admission/review.py",
+    "policy/context.py",
     "policy/desired.py",
     "policy/dra.py",
     "policy/engine.py",
     "policy/findings.py",
+    "policy/gpus.py",
     "policy/pod.py",
     "policy/quantity.py",
     "policy/sharing.py",
-    "policy/rules/__init__.py",
-    "policy/rules/base.py",
-    "policy/rules/device_bypass.py",
-    "policy/rules/dra_claims.py",
-    "policy/rules/gpu_limits.py",
-    "policy/rules/mig_resources.py",
-    "policy/rules/mps.py",
-    "policy/rules/policy_source.py",
-    "policy/rules/privileged.py",
-    "policy/rules/runtime_class.py",
-    "policy/rules/runtime_class_allocation.py",
-    "policy/rules/shared_requests.py",
-    "policy/rules/visible_devices.py",
+    "policy/signals.py",
     "server/decision_log.py",
     "server/metric_values.py",
     "server/metrics.py",
@@ -57,13 +48,17 @@ COMPILED = [
     "server/review_routes.py",
 ]
 
+RULE_MODULES = sorted(p.relative_to(HERE / "src" / "gpu_stack_webhook").as_posix()
+                      for p in (HERE / "src" / "gpu_stack_webhook" / "policy" / "rules").glob("*.py"))
+
 
 def ext_modules() -> list[object]:
     if PURE_PYTHON:
         return []
     # This directory's mypy configuration, not the repository's (the image is built from this directory).
     options = ["--config-file", os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml")]
-    return mypycify([*options, *(f"src/gpu_stack_webhook/{path}" for path in COMPILED)], opt_level="3")
+    paths = [f"src/gpu_stack_webhook/{path}" for path in (*COMPILED, *RULE_MODULES)]
+    return mypycify([*options, *paths], opt_level="3")
 
 
 class BuildPyWithRecord(build_py):

@@ -1,24 +1,17 @@
 """Hardening of every workload the chart renders (defaults, every overlay, and a helm test namespace) and the
 scanner exceptions it declares: each `checkov.io/skipN` annotation names a check ALLOWED to be skipped
-(hack/chart_security.py), carries a reason, and only where that kind of exception applies to the object.
+(gpu_stack_dev.generate.chart_security), carries a reason, and only where that kind of exception applies to the object.
 `make lint` runs checkov itself (hack/chart-scan.py); these tests need only helm."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
 import pytest
-from gpu_stack_dev.chartlib import FULLNAME, NAMESPACE, ROOT, overlays, render
-
-_spec = importlib.util.spec_from_file_location("chart_security", ROOT / "hack" / "chart_security.py")
-assert _spec and _spec.loader
-security = importlib.util.module_from_spec(_spec)
-sys.modules["chart_security"] = security
-_spec.loader.exec_module(security)
+from gpu_stack_dev.chartlib import FULLNAME, NAMESPACE, overlays, render
+from gpu_stack_dev.generate import chart_security as security
 
 EXTRA_SCENARIOS: dict[str, dict[str, Any]] = {
     "helm-tests-namespace": {"webhook.helmTests.namespace": "gpu-check"},  # renders the webhook denial test
@@ -144,11 +137,6 @@ def test_a_reason_with_an_equals_sign_or_an_unknown_check_is_caught() -> None:
     found = list(security.skips(obj))
     assert found[0] == ("checkov.io/skip1", "", "CKV_K8S_16")
     assert found[1][1] == "CKV_K8S_99" and found[1][1] not in security.ALLOWED
-
-
-def test_readme_security_table_is_current() -> None:
-    text = security.README.read_text()
-    assert security.updated(text, security.table(security.helm())) == text, "run hack/chart_security.py"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

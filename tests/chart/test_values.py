@@ -1,14 +1,12 @@
 """values.yaml hygiene: every value is documented (`# --`), typed in values.schema.json, used by some
-template, and the README values table is up to date."""
+template, and listed in the README values table (generated: tests/test_generated.py)."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -18,12 +16,7 @@ import jsonschema
 import pytest
 import yaml
 from gpu_stack_dev.chartlib import ROOT, load_schema, load_values, run_helm, template_args
-
-_spec = importlib.util.spec_from_file_location("chart_values_table", ROOT / "hack" / "chart-values-table.py")
-assert _spec and _spec.loader
-table_gen = importlib.util.module_from_spec(_spec)
-sys.modules["chart_values_table"] = table_gen  # dataclasses look their module up while executing it
-_spec.loader.exec_module(table_gen)
+from gpu_stack_dev.generate import values_table as table_gen
 
 Path = tuple[str, ...]
 VALUES = load_values()
@@ -271,13 +264,6 @@ def test_every_value_is_typed_in_the_schema() -> None:
 
 def test_defaults_satisfy_the_schema() -> None:
     jsonschema.Draft7Validator(SCHEMA).validate(VALUES)
-
-
-def test_readme_values_table_is_up_to_date() -> None:
-    readme = (ROOT / "charts/gpu-stack/README.md").read_text(encoding="utf-8")
-    values_text = (ROOT / "charts/gpu-stack/values.yaml").read_text(encoding="utf-8")
-    expected = table_gen.updated_readme(readme, table_gen.table(values_text, SCHEMA))
-    assert readme == expected, "charts/gpu-stack/README.md is out of date: run hack/chart-values-table.py"
 
 
 def test_readme_table_lists_every_documented_key() -> None:

@@ -1,22 +1,16 @@
 """What a user reads points at nothing they cannot see: no tracker numbers ("issue 14") and no paths outside
 a clone of the repository (`../shared/...`); the README's overlay table lists every overlay as the overlay
-describes itself (hack/overlay_table.py)."""
+describes itself (gpu_stack_dev.generate.overlay_table)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from gpu_stack_dev.generate import overlay_table
 
 from .doccommands import CHART, ROOT, documents, rendered_notes
-
-SPEC = importlib.util.spec_from_file_location("overlay_table", ROOT / "hack" / "overlay_table.py")
-assert SPEC and SPEC.loader
-overlay_table = sys.modules["overlay_table"] = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(overlay_table)
 
 USER_FILES = sorted({*documents(), ROOT / "SECURITY.md", ROOT / "CHANGELOG.md", ROOT / "BENCHMARKS.md",
                      CHART / "values.yaml", CHART / "values.schema.json", CHART / "Chart.yaml",
@@ -46,12 +40,6 @@ def test_the_patterns_catch_what_they_are_for() -> None:
     assert offending_lines("see issue 14's targets\nIssue #3\nfine", TRACKER) == [(1, "see issue 14's targets"),
                                                                                  (2, "Issue #3")]
     assert offending_lines("copied from ../shared/fixtures/x", OUTSIDE) == [(1, "copied from ../shared/fixtures/x")]
-
-
-def test_the_overlay_table_is_current() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert overlay_table.updated(readme, overlay_table.table(overlay_table.overlays())) == readme, \
-        "README.md's overlay table is out of date: run hack/overlay_table.py"
 
 
 def test_the_overlay_table_has_a_row_per_overlay() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, Release, Releases, overlays
-from gpu_stack_webhook.cel import match_conditions
+from gpu_stack_webhook.policy import signals
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.policy.engine import Policy
 
@@ -99,7 +99,7 @@ def test_largest_pods_stay_within_the_api_servers_cel_cost_limits(cluster: E2ECl
     releases.install()
     namespace = cluster.create_namespace()
     releases.namespaces.append(namespace)
-    mc = match_conditions
+    mc = signals
     resources = {f"example.com/resource-{j:04d}": "1" for j in range(mc.MAX_RESOURCES // 2)}
     at_bounds = {"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": "at-bounds", "annotations": {f"a{j}.example.com/key": "v" for j in range(mc.MAX_ANNOTATIONS)}},

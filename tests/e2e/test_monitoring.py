@@ -30,8 +30,7 @@ from gpu_stack_dev.e2e.e2elib import (
     Releases,
     controlplane,
 )
-
-from hack.monitoring import preview
+from gpu_stack_dev.generate.monitoring import preview
 
 SCRAPE = "1s"
 WAIT_SECONDS = 90

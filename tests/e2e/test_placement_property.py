@@ -10,7 +10,7 @@ For every pod the webhook admitted:
 
 1. it is bound only to a node whose device plugin config (its `nvidia.com/device-plugin.config` label,
    else the default config) is one of the pod's candidate configs as the webhook computes them
-   (policy/rules/base.py candidate_configs, with the release's own policy ConfigMap);
+   (policy/gpus.py candidate_configs, with the release's own policy ConfigMap);
 2. a pod left without the MPS toleration is not stuck on the MPS taint when it could only ever run on MPS
    nodes: PodScheduled=False while every node that matches its selectors and offers its resource is a
    node with the `gpu-stack.io/mps` taint. (A pod that waits on the taint while an exclusive
@@ -36,8 +36,9 @@ import yaml
 from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Releases
 from gpu_stack_dev.e2e.fleet import FULL_GPU, MPS_TAINT, ChartSharing, Fleet, NodeSpec, PublishedNode, delete_pods
 from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.gpus import candidate_configs
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, candidate_configs
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

@@ -1,4 +1,5 @@
-"""The chart's alerts (monitoring.prometheusRule): generated from hack/monitoring/alerts.py, rendered as a
+"""The chart's alerts (monitoring.prometheusRule): generated from
+gpu_stack_dev/generate/monitoring/alerts.py, rendered as a
 PrometheusRule when the API is served or forced, checked and unit-tested by the real promtool (Debian's
 prometheus package, hack/ensure-promtool.sh) on what the chart renders."""
 
@@ -11,8 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_stack_dev.chartlib import ROOT, find, one, render, run_helm, template_args
-
-from hack.monitoring import alerts, generate, placeholders
+from gpu_stack_dev.generate.monitoring import alerts, placeholders
 
 from .promlib import HERE, rendered_rules, run_promtool, write_rules
 
@@ -23,22 +23,6 @@ RULE_API = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
 
 def _rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [rule for group in spec["groups"] for rule in group["rules"]]
-
-
-def test_generated_files_are_current() -> None:
-    assert generate.stale() == [], "run .venv/bin/python -m hack.monitoring"
-
-
-def test_stale_check_detects_an_edit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shutil.copytree(generate.FILES, tmp_path / "files")
-    monkeypatch.setattr(generate, "FILES", tmp_path / "files")
-    assert generate.stale() == []
-    (tmp_path / "files" / "alerts.yaml").write_text("groups: []\n", encoding="utf-8")
-    (tmp_path / "files" / "dashboards" / "gpu-stack-sharing.json").unlink()
-    (tmp_path / "files" / "dashboards" / "old.json").write_text("{}", encoding="utf-8")
-    assert generate.stale() == ["alerts.yaml", "dashboards/gpu-stack-sharing.json", "dashboards/old.json"]
-    assert generate.main([]) == 0
-    assert generate.stale() == [] and not (tmp_path / "files" / "dashboards" / "old.json").exists()
 
 
 def test_promtool_checks_the_rendered_rules(tmp_path: Path) -> None:

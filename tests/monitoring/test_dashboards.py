@@ -1,4 +1,5 @@
-"""The chart's Grafana dashboards (monitoring.dashboards): generated from hack/monitoring/dashboards.py with
+"""The chart's Grafana dashboards (monitoring.dashboards): generated from
+gpu_stack_dev/generate/monitoring/dashboards.py with
 grafana-foundation-sdk, shipped as ConfigMaps for Grafana's dashboard sidecar, every query parsed by promtool."""
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_stack_dev.chartlib import find, render, run_helm, template_args
-
-from hack.monitoring import dashboards, placeholders
+from gpu_stack_dev.generate.monitoring import dashboards, placeholders
 
 from .promlib import DASHBOARDS_ON, panel_queries, rendered_dashboards, run_promtool
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 from gpu_stack_dev.chartlib import ROOT, one, render
+from gpu_stack_dev.generate.monitoring import alerts, counters, dashboards, promql
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack.monitoring import alerts, counters, dashboards, promql
 from tests.webhook.podlib import GPU, container, make_pod, review
 
 from .promlib import panel_queries, rendered_dashboards, rendered_rules

@@ -1,11 +1,12 @@
-"""The dashboard previews (hack/monitoring/preview.py): each panel drawn from its queries' results in the
+"""The dashboard previews
+(gpu_stack_dev/generate/monitoring/preview.py): each panel drawn from its queries' results in the
 dashboard's layout; a panel without results says "No data"."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hack.monitoring import preview
+from gpu_stack_dev.generate.monitoring import preview
 
 from .promlib import rendered_dashboards
 

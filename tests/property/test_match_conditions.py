@@ -29,9 +29,10 @@ import yaml
 from gpu_stack_dev.chartlib import FULLNAME, one, overlays, render
 from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
+from gpu_stack_webhook.policy import signals
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context
 from gpu_stack_webhook.policy.scope import in_scope, object_in_scope
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given, settings
@@ -187,7 +188,7 @@ def test_plain_pods_are_skipped_where_the_nvidia_runtime_is_not_the_default() ->
 
 def test_pods_beyond_the_size_bounds_are_sent_unread() -> None:
     many = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "many"}, "spec": {"containers": [
-        {"name": f"c{i}", "image": "busybox"} for i in range(match_conditions.MAX_CONTAINERS + 1)]}}
+        {"name": f"c{i}", "image": "busybox"} for i in range(signals.MAX_CONTAINERS + 1)]}}
     assert called("overlay:default", many, mutating=True)
     many["spec"]["containers"].pop()
     assert not called("overlay:default", many, mutating=True)

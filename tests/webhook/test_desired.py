@@ -18,12 +18,12 @@ from gpu_stack_webhook.admission import decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod, ReadOnlyPodError
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from gpu_stack_webhook.policy.rules.base import Context
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonpointer import escape

@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from gpu_stack_webhook.policy import dra
 from gpu_stack_webhook.policy.config import DRA_GPU_DEVICE_CLASSES, DRA_SHARING_STRATEGIES, DraPolicy
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.rules import dra_claims
-from gpu_stack_webhook.policy.rules.base import Context
 
 from .policylib import make_config
 

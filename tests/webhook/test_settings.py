@@ -135,19 +135,6 @@ def test_a_bad_variable_stops_check_naming_it(
     assert "$GPU_STACK_WEBHOOK_RELOAD_SECONDS must be a number >= 0.0, got '-5'" in capsys.readouterr().err
 
 
-def documented_table() -> list[tuple[str, str, str]]:
-    text = (REPO_ROOT / "docs/operations.md").read_text(encoding="utf-8")
-    section = text.split("## Environment variables", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \| (.*) \|$", section, flags=re.MULTILINE)
-    return [(name, default, description) for name, default, description in rows]
-
-
-def test_the_docs_list_every_variable_as_settings_py_has_it() -> None:
-    expected = variables(WebhookSettings) + variables(TerminalSettings)
-    table = "\n".join(f"| `{name}` | {default} | {description} |" for name, default, description in expected)
-    assert documented_table() == expected, f"docs/operations.md, section Environment variables, should read:\n{table}"
-
-
 def test_the_chart_sets_only_variables_settings_py_reads() -> None:
     deployment = (REPO_ROOT / "charts/gpu-stack/templates/webhook/deployment.yaml").read_text(encoding="utf-8")
     chart_names = set(re.findall(r"- name: (GPU_STACK_WEBHOOK_[A-Z_]+)", deployment))

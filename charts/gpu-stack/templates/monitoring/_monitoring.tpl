@@ -1,6 +1,6 @@
 {{/*
-The generated monitoring files (files/monitoring/, `python -m hack.monitoring`) with their placeholders
-(hack/monitoring/placeholders.py) replaced for this release. Call with (dict "root" $ "text" <file content>).
+The generated monitoring files (files/monitoring/, `make generate`) with their placeholders
+(dev/src/gpu_stack_dev/generate/monitoring/placeholders.py) replaced for this release. Call with (dict "root" $ "text" <file content>).
 */}}
 {{- define "gpu-stack.monitoring.fill" -}}
 {{- $root := .root }}

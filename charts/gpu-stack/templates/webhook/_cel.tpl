@@ -3,7 +3,7 @@ The CEL admission policies (webhook.validation.mode cel|both, webhook.mutation.m
 expressions are written by hand beside the Python rules (gpu_stack_webhook.cel, sharing their IDs,
 constants and config, not their code; tests/property/test_cel_equivalence.py checks that both decide
 alike) and rendered into files/cel-policies.yaml (do not edit it: run
-`python -m gpu_stack_webhook.cel.render`); what depends on the values is passed in as config variables,
+`make generate`); what depends on the values is passed in as config variables,
 computed here from the webhook's own policy (gpu-stack.webhook.policy) exactly as
 gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_policies.py compares).
 */}}

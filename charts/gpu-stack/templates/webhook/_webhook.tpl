@@ -71,7 +71,7 @@ namespaceSelector:
 {{/*
 matchConditions of one webhook: the API server calls it only for requests a rule can act on (README
 "When the webhook is down"). The expression is generated from the rules' SCOPE into
-files/match-conditions.yaml (python -m gpu_stack_webhook.cel.match_conditions); each `${name}` in it
+files/match-conditions.yaml (`make generate`); each `${name}` in it
 becomes that config value of gpu-stack.cel.configValues as a JSON literal, as
 match_conditions.expression() does offline. Call with (dict "root" $ "webhook" "mutate"|"validate").
 */}}

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_stack_webhook.cel import mutating, runtime, validating
 from gpu_stack_webhook.cel.library import config_values
+from gpu_stack_webhook.policy.cel_twin import CelValidation
 from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS
@@ -67,7 +68,7 @@ def evaluate_object(config: PolicyConfig, obj: Mapping[str, Any], source: str, n
     return result
 
 
-def _denied(result: CelOutcome, policy: validating.CelValidation, found: list[str], obj: Mapping[str, Any],
+def _denied(result: CelOutcome, policy: CelValidation, found: list[str], obj: Mapping[str, Any],
             source: str) -> CelOutcome:
     message = found[0] if len(found) == 1 else (
         f"{len(found)} GPU policy violations: " + "; ".join(f"[{i}] {t}" for i, t in enumerate(found, 1)))

@@ -22,8 +22,9 @@ import jsonpatch
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional, ext_strings
 
-from gpu_stack_webhook.cel.library import Variable, lower_binds
+from gpu_stack_webhook.cel.library import lower_binds
 from gpu_stack_webhook.cel.render import policy_variables
+from gpu_stack_webhook.policy.cel_twin import Variable
 from gpu_stack_webhook.policy.pod import parse_count
 
 
@@ -80,7 +81,7 @@ KUBERNETES_LIBRARY = (
     _overload("jsonpatch.escapeKey", _T.STRING, [_T.STRING], _escape_key, False),
 )
 
-# JSONPatch{op: ..., path: ..., value: ...} (mutating.patch_op) as a plain map offline.
+# JSONPatch{op: ..., path: ..., value: ...} (cel_twin.patch_op) as a plain map offline.
 _JSONPATCH = re.compile(r"JSONPatch\{op: ")
 
 

@@ -1,7 +1,9 @@
 """GPUs from Dynamic Resource Allocation (resource.k8s.io/v1), read from a ResourceClaim spec: which of
 its requests ask for a GPU DeviceClass (policy dra.gpuDeviceClasses), and what the NVIDIA driver's opaque
 config says about sharing. Pure: no I/O; the claim spec comes from the request (GPU009), from
-`ctx.facts` (a pod's claims, rules/base.py) or from the other documents of `check`'s input.
+`ctx.facts` (a pod's claims: pod_claims below) or from the other documents of `check`'s input. Then
+the GPUs a pod holds by DRA: its claims resolved (pod_claims), the GPUs each container holds
+(dra_gpus), and the claims that could not be read (unresolved_claims).
 
 Upstream facts (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1, the newest tag of the snapshot we could
 read; tests/webhook/test_dra_upstream.py cites each file): the driver is `gpu.nvidia.com`; its opaque
@@ -12,9 +14,13 @@ defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit}}}`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from gpu_stack_webhook.policy.config import DRA_SHARING_STRATEGIES, DraPolicy
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.facts import ClusterFacts
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView, parse_count
 from gpu_stack_webhook.policy.quantity import parse_quantity
 
 DRIVER = "gpu.nvidia.com"
@@ -24,6 +30,14 @@ SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
 # device of that DeviceClass through a claim the scheduler makes.
 EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 MPS = "MPS"
+# What is wrong with an NVIDIA opaque config the driver could not read (ClaimSpec.problems; GPU009's CEL twin
+# gives the same texts).
+NOT_AN_OBJECT = f"parameters of driver {DRIVER} are not an object"
+WRONG_API_VERSION = f"apiVersion is not {CONFIG_API_VERSION}"
+SHARING_NOT_AN_OBJECT = "sharing is not an object"
+UNKNOWN_STRATEGY = f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"
+MPS_CONFIG_NOT_AN_OBJECT = "mpsConfig is not an object"
+LIMIT_NOT_A_QUANTITY = "defaultPinnedDeviceMemoryLimit is not a quantity"
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -90,11 +104,11 @@ class ClaimSpec:
         at = f"{at}.opaque.parameters"
         parameters = opaque.get("parameters")
         if not isinstance(parameters, dict):
-            self.problems.append((at, f"parameters of driver {DRIVER} are not an object"))
+            self.problems.append((at, NOT_AN_OBJECT))
             return
         kind = parameters.get("kind")
         if parameters.get("apiVersion") != CONFIG_API_VERSION:
-            self.problems.append((f"{at}.apiVersion", f"apiVersion is not {CONFIG_API_VERSION}"))
+            self.problems.append((f"{at}.apiVersion", WRONG_API_VERSION))
             return
         if kind not in SHARING_KINDS:
             return  # VfioDeviceConfig, ComputeDomain configs: no sharing to judge
@@ -102,21 +116,19 @@ class ClaimSpec:
         if sharing is None:
             return
         if not isinstance(sharing, dict):
-            self.problems.append((f"{at}.sharing", "sharing is not an object"))
+            self.problems.append((f"{at}.sharing", SHARING_NOT_AN_OBJECT))
             return
         strategy = sharing.get("strategy")
         if strategy not in DRA_SHARING_STRATEGIES:
-            self.problems.append((f"{at}.sharing.strategy",
-                                  f"sharing.strategy is not {' or '.join(DRA_SHARING_STRATEGIES)}"))
+            self.problems.append((f"{at}.sharing.strategy", UNKNOWN_STRATEGY))
             return
         mps = sharing.get("mpsConfig")
         if mps is not None and not isinstance(mps, dict):
-            self.problems.append((f"{at}.sharing.mpsConfig", "mpsConfig is not an object"))
+            self.problems.append((f"{at}.sharing.mpsConfig", MPS_CONFIG_NOT_AN_OBJECT))
             return
         limit = _dict(mps).get("defaultPinnedDeviceMemoryLimit")
         if limit is not None and not _is_quantity(limit):
-            self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
-                                  "defaultPinnedDeviceMemoryLimit is not a quantity"))
+            self.problems.append((f"{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit", LIMIT_NOT_A_QUANTITY))
             return
         requests = tuple(str(r) for r in _list(entry.get("requests")))
         self.sharing.append(SharingConfig(str(strategy), limit is not None, requests, at))
@@ -163,3 +175,123 @@ def claim_spec_of(obj: Any, kind: str) -> ClaimSpec:
 def extended_resource_class(resource: str) -> str:
     """deviceclass.resource.kubernetes.io/gpu.nvidia.com -> gpu.nvidia.com; "" for any other name."""
     return resource[len(EXTENDED_RESOURCE_PREFIX):] if resource.startswith(EXTENDED_RESOURCE_PREFIX) else ""
+
+
+# --- The GPUs a pod holds by DRA -------------------------------------------------------------------------
+
+
+def names_dra(pod: PodView) -> bool:
+    """Does the pod name DRA claims or a deviceclass.resource.kubernetes.io/ resource (Signal.GPU_POD)?"""
+    if pod.spec.get("resourceClaims"):
+        return True
+    return any(extended_resource_class(str(r)) for c in pod.containers() for r in (*c.requests, *c.limits))
+
+
+class PodClaim:
+    """One entry of the pod's spec.resourceClaims, resolved. `gpu`: its GPU request names (known), or
+    None when the claim could not be read (`note` says why)."""
+
+    __slots__ = ("gpu", "label", "mps", "name", "note")
+
+    def __init__(self, name: str, label: str, gpu: frozenset[str] | None, mps: bool, note: str) -> None:
+        self.name = name
+        self.label = label  # claim "gpu" (ResourceClaimTemplate "one-gpu")
+        self.gpu = gpu
+        self.mps = mps  # an MPS sharing config applies to a GPU request
+        self.note = note
+
+
+def pod_claims(pod: PodView, ctx: Context) -> dict[str, PodClaim]:
+    """spec.resourceClaims by name, each read through ctx.facts (memoized per pod)."""
+    memo: tuple[ClusterFacts, dict[str, PodClaim]] | None = pod.memo.get(pod_claims)
+    if memo is not None and memo[0] is ctx.facts:
+        return memo[1]
+    found: dict[str, PodClaim] = {}
+    entries = pod.spec.get("resourceClaims")
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            found[entry["name"]] = _resolve_claim(entry, ctx)
+    pod.memo[pod_claims] = (ctx.facts, found)
+    return found
+
+
+def _resolve_claim(entry: dict[str, Any], ctx: Context) -> PodClaim:
+    name = str(entry["name"])
+    claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+    kind, object_name = (("ResourceClaim", claim) if isinstance(claim, str) and claim
+                         else ("ResourceClaimTemplate", template))
+    label = f'claim "{name}" ({kind} "{object_name}")'
+    if not isinstance(object_name, str) or not object_name:
+        return PodClaim(name, f'claim "{name}"', frozenset(), False, "")  # the API server refuses it
+    offline = "claims are not read without API lookups (webhook.lookups.enabled)"
+    if not ctx.namespace:
+        return PodClaim(name, label, None, False, offline)
+    fact = (ctx.facts.resource_claim(ctx.namespace, object_name) if kind == "ResourceClaim"
+            else ctx.facts.resource_claim_template(ctx.namespace, object_name))
+    if not fact.known:
+        return PodClaim(name, label, None, False, fact.note or offline)
+    if fact.value is None:
+        return PodClaim(name, label, None, False, f"{kind} {ctx.namespace}/{object_name} not found")
+    spec: ClaimSpec = claim_spec_of(fact.value, kind)
+    gpu = spec.gpu_request_names(ctx.config.dra)
+    return PodClaim(name, label, gpu, spec.mps_for(ctx.config.dra), "")
+
+
+def _container_claims(container: ContainerRef) -> list[tuple[str, str]]:
+    """(claim name, request name or "") for each entry of the container's resources.claims."""
+    resources = container.spec.get("resources")
+    claims = resources.get("claims") if isinstance(resources, dict) else None
+    out = []
+    for ref in claims if isinstance(claims, list) else ():
+        if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+            request = ref.get("request")
+            out.append((ref["name"], request.split("/")[0] if isinstance(request, str) else ""))
+    return out
+
+
+def dra_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
+    """Per container pointer, how it holds GPUs by DRA (known): 'claim "x" (ResourceClaim "y")' for a
+    claim with a GPU request it references, or the deviceclass.resource.kubernetes.io/<GPU class> name
+    with a count above 0. Empty for most pods (no claims, no such resource)."""
+    memo: tuple[ClusterFacts, dict[str, list[str]]] | None = pod.memo.get(dra_gpus)
+    if memo is not None and memo[0] is ctx.facts:
+        return memo[1]
+    out: dict[str, list[str]] = {}
+    if names_dra(pod):
+        claims = pod_claims(pod, ctx)
+        dra = ctx.config.dra
+        for container in pod.containers():
+            held = []
+            for resource in {**container.requests, **container.limits}:
+                device_class = extended_resource_class(str(resource))
+                value = container.limits.get(resource, container.requests.get(resource))
+                count = parse_count(value)
+                if dra.is_gpu_class(device_class) and count is not None and count > 0:
+                    held.append(str(resource))
+            for name, request in _container_claims(container):
+                claim = claims.get(name)
+                if claim is not None and claim.gpu and (not request or request in claim.gpu):
+                    held.append(claim.label)
+            if held:
+                out[container.pointer] = held
+    pod.memo[dra_gpus] = (ctx.facts, out)
+    return out
+
+
+def unresolved_claims(pod: PodView, ctx: Context) -> dict[str, list[PodClaim]]:
+    """Per container pointer, the claims it references that could not be read (they may hold GPUs)."""
+    out: dict[str, list[PodClaim]] = {}
+    if not pod.spec.get("resourceClaims"):
+        return out
+    claims = pod_claims(pod, ctx)
+    for container in pod.containers():
+        for name, _ in _container_claims(container):
+            claim = claims.get(name)
+            if claim is not None and claim.gpu is None:
+                out.setdefault(container.pointer, []).append(claim)
+    return out
+
+
+def unresolved_note(claims: Iterable[PodClaim]) -> str:
+    """'claim "x" (ResourceClaim "y"): API unreachable' for a message."""
+    return "; ".join(dict.fromkeys(f"{c.label}: {c.note}" for c in claims))

@@ -14,12 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
-from gpu_stack_webhook.policy.rules.base import Context
 
 # (API group, kind) of everything we judge; the pod spec location per kind is in pod.py.
 JUDGED_KINDS: frozenset[tuple[str, str]] = frozenset(

@@ -114,7 +114,7 @@ class PodView:
         self.spec = spec
         # "spec" or "spec.template.spec", "/spec" or "/spec/template/spec", "metadata" or "spec.template.metadata"
         self.path, self.pointer, self.metadata_path = _PATHS[kind]
-        # Per-evaluation memo for facts several rules derive from the same pod (see rules.base).
+        # Per-evaluation memo for facts several rules derive from the same pod (see gpus.py, dra.py).
         self.memo: dict[Any, Any] = {}
         # The object as the rules want it (desired.py); editable only for a Pod being created (ctx.can_patch).
         self.desired = desired

@@ -2,7 +2,7 @@
 
 At CREATE a pod has no node, so the policy asks which named device plugin configs the pod could run
 under (its nodeSelector or required node affinity on the config label, else any of them; a pod pinned
-with spec.nodeName: its node's label, see rules.base.candidate_configs), and what each of those
+with spec.nodeName: its node's label, see gpus.candidate_configs), and what each of those
 configs advertises: resource names, and for each whether it is exclusive, time-sliced or MPS-shared,
 and whether requests greater than one fail. "Advertises" means what the pinned device plugin (v0.20)
 makes of the config, which is not always what it says: bare names are prefixed, `rename` and

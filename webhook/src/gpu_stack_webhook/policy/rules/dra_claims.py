@@ -1,6 +1,6 @@
 """GPU009 dra-gpu-claims: ResourceClaims and ResourceClaimTemplates ask for GPUs only as the policy allows.
 
-Scope, exactly (what the CEL port reproduces, cel/validating.py and cel/mutating.py): a
+Scope, exactly (what the CEL twin at the end of this module reproduces): a
 resource.k8s.io/v1 ResourceClaim (`spec`) or ResourceClaimTemplate (`spec.spec`), CREATE and UPDATE,
 in a namespace the webhook covers. A GPU request is a `spec.devices.requests[]` entry whose `exactly`,
 or any alternative of whose `firstAvailable`, names a DeviceClass of policy `dra.gpuDeviceClasses`.
@@ -26,17 +26,44 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_stack_webhook.policy.cel_twin import CelMutation, CelValidation, Message, finding_text, patch_op
+from gpu_stack_webhook.policy.config import DRA_SHARING_STRATEGIES
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
-from gpu_stack_webhook.policy.dra import MPS, claim_spec_of
+from gpu_stack_webhook.policy.dra import (
+    CONFIG_API_VERSION,
+    DRIVER,
+    LIMIT_NOT_A_QUANTITY,
+    MPS,
+    MPS_CONFIG_NOT_AN_OBJECT,
+    NOT_AN_OBJECT,
+    SHARING_KINDS,
+    SHARING_NOT_AN_OBJECT,
+    UNKNOWN_STRATEGY,
+    WRONG_API_VERSION,
+    claim_spec_of,
+)
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU009"
 NAME = "dra-gpu-claims"
 SCOPE = (Signal.DRA_OBJECT,)
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = "the warning for an MPS claim without a memory limit"
 FEATURE_GATES = {"TimeSlicing": "TimeSlicingSettings", "MPS": "MPSSupport"}
 SHARING_KEY = "webhook.policy.dra.sharingStrategies"
+ALL_DEVICES = Message('request "{request}" asks for allocationMode All of DeviceClass {device_class} (every matching '
+                      "GPU of a node) in namespace {namespace}; allowed only in the namespaces of policy "
+                      "dra.allocationModeAllNamespaces: ask for a count")
+ADMIN_ACCESS = Message('request "{request}" asks for adminAccess to DeviceClass {device_class}, which reaches GPUs '
+                       "other pods hold, in namespace {namespace}; allowed only in the namespaces of policy "
+                       "dra.adminAccessNamespaces")
+UNREADABLE = Message(f"opaque config for driver {DRIVER} cannot be read: {{problem}}; the driver would refuse the "
+                     "claim when its pod starts")
+NOT_ENABLED = Message(f"GPU sharing strategy {{strategy}} is not enabled for the NVIDIA DRA driver; set {SHARING_KEY} "
+                      "to include {strategy} (the driver's feature gate {gate}) or remove the sharing config")
 
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
@@ -57,29 +84,20 @@ def check_object(obj: dict[str, Any], kind: str, desired: DesiredPod, ctx: Conte
         if request.all_devices and namespace not in dra.allocation_mode_all_namespaces:
             findings.append(Finding(
                 ID, Severity.DENY,
-                f'request "{request.name}" asks for allocationMode All of DeviceClass {request.device_class} '
-                f"(every matching GPU of a node) in namespace {namespace}; allowed only in the namespaces of "
-                f"policy dra.allocationModeAllNamespaces: ask for a count",
+                ALL_DEVICES(request=request.name, device_class=request.device_class, namespace=namespace),
                 f"{request.path}.allocationMode"))
         if request.admin_access and namespace not in dra.admin_access_namespaces:
             findings.append(Finding(
                 ID, Severity.DENY,
-                f'request "{request.name}" asks for adminAccess to DeviceClass {request.device_class}, which '
-                f"reaches GPUs other pods hold, in namespace {namespace}; allowed only in the namespaces of "
-                f"policy dra.adminAccessNamespaces",
+                ADMIN_ACCESS(request=request.name, device_class=request.device_class, namespace=namespace),
                 f"{request.path}.adminAccess"))
     for path, problem in spec.problems:
-        findings.append(Finding(
-            ID, Severity.DENY,
-            f"opaque config for driver gpu.nvidia.com cannot be read: {problem}; the driver would refuse "
-            f"the claim when its pod starts", path))
+        findings.append(Finding(ID, Severity.DENY, UNREADABLE(problem=problem), path))
     for sharing in spec.sharing:
         if sharing.strategy not in dra.sharing_strategies:
             findings.append(Finding(
                 ID, Severity.DENY,
-                f"GPU sharing strategy {sharing.strategy} is not enabled for the NVIDIA DRA driver; set "
-                f"{SHARING_KEY} to include {sharing.strategy} (the driver's feature gate "
-                f"{FEATURE_GATES[sharing.strategy]}) or remove the sharing config",
+                NOT_ENABLED(strategy=sharing.strategy, gate=FEATURE_GATES[sharing.strategy]),
                 f"{sharing.path}.sharing.strategy"))
         elif sharing.strategy == MPS and not sharing.has_memory_limit:
             findings.append(_memory_limit(sharing.path, desired, ctx))
@@ -102,3 +120,101 @@ def _memory_limit(path: str, desired: DesiredPod, ctx: Context) -> Finding:
     return Finding(ID, Severity.WARN,
                    f"MPS claim: set mpsConfig.defaultPinnedDeviceMemoryLimit={limit} (policy default)",
                    at, changed=True)
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+# The ResourceClaimSpec (policy.dra.claim_spec_of) and where it sits.
+_CLAIM_SPEC = "object.kind == 'ResourceClaimTemplate' ? object.spec.?spec.orValue({}) : object.?spec.orValue({})"
+_SPEC_PATH = "object.kind == 'ResourceClaimTemplate' ? 'spec.spec' : 'spec'"
+# Every request and firstAvailable alternative (dra.ClaimSpec.requests): {n: request name, s: its spec, p: path}.
+_REQUESTS = (
+    "cel.bind(rs, variables.claimSpec.?devices.?requests.orValue([]), lists.range(size(rs)).map(i, cel.bind(q, rs[i], "
+    "cel.bind(at, variables.specPath + '.devices.requests[' + string(i) + ']', "
+    "(has(q.exactly) && type(q.exactly) == map ? [{'n': dyn(q.?name.orValue('')), 's': dyn(q.exactly), "
+    "'p': dyn(at + '.exactly')}] : []) + "
+    "lists.range(size(q.?firstAvailable.orValue([]))).map(j, {'n': dyn(q.?name.orValue('')), "
+    "'s': dyn(type(q.firstAvailable[j]) == map ? q.firstAvailable[j] : {}), "
+    "'p': dyn(at + '.firstAvailable[' + string(j) + ']')})))).flatten())"
+)
+# The NVIDIA driver's opaque config entries: {o: parameters (null when absent), p: path of the parameters}.
+_CONFIGS = (
+    "cel.bind(cs, variables.claimSpec.?devices.?config.orValue([]), lists.range(size(cs))"
+    f".filter(i, cs[i].?opaque.?driver.orValue('') == '{DRIVER}').map(i, "
+    "{'o': dyn(cs[i].opaque.?parameters.orValue(null)), "
+    "'p': dyn(variables.specPath + '.devices.config[' + string(i) + '].opaque.parameters')}))"
+)
+_GPU_REQUEST = "r.s.?deviceClassName.orValue('') in variables.draGpuClasses"
+_REQUEST_TEXTS = (
+    "variables.deviceRequests.filter(r, " + _GPU_REQUEST + ").map(r, "
+    "(r.s.?allocationMode.orValue('') == 'All' && !(variables.claimNamespace in "
+    "variables.draAllocationModeAllNamespaces) ? ["
+    + finding_text(ID, ALL_DEVICES.cel(request="r.n", device_class="string(r.s.deviceClassName)",
+                                       namespace="variables.claimNamespace"), "r.p + '.allocationMode'")
+    + "] : []) + (r.s.?adminAccess.orValue(false) == true && !(variables.claimNamespace in "
+    "variables.draAdminAccessNamespaces) ? ["
+    + finding_text(ID, ADMIN_ACCESS.cel(request="r.n", device_class="string(r.s.deviceClassName)",
+                                        namespace="variables.claimNamespace"), "r.p + '.adminAccess'")
+    + "] : [])).flatten()"
+)
+_KINDS = list(SHARING_KINDS)
+_STRATEGIES = list(DRA_SHARING_STRATEGIES)
+# [path, problem] of an NVIDIA opaque config the driver could not read (policy.dra ClaimSpec._read_config), or [].
+_PROBLEM = (
+    f"type(c.o) != map ? [dyn(c.p), dyn('{NOT_AN_OBJECT}')] : "
+    f"c.o.?apiVersion.orValue(null) != '{CONFIG_API_VERSION}' ? [dyn(c.p + '.apiVersion'), "
+    f"dyn('{WRONG_API_VERSION}')] : "
+    f"!(c.o.?kind.orValue(null) in {_KINDS!r}) || c.o.?sharing.orValue(null) == null ? [] : "
+    f"type(c.o.sharing) != map ? [dyn(c.p + '.sharing'), dyn('{SHARING_NOT_AN_OBJECT}')] : "
+    f"!(c.o.sharing.?strategy.orValue(null) in {_STRATEGIES!r}) ? [dyn(c.p + '.sharing.strategy'), "
+    f"dyn('{UNKNOWN_STRATEGY}')] : "
+    "c.o.sharing.?mpsConfig.orValue(null) != null && type(c.o.sharing.mpsConfig) != map ? "
+    f"[dyn(c.p + '.sharing.mpsConfig'), dyn('{MPS_CONFIG_NOT_AN_OBJECT}')] : "
+    "cel.bind(l, c.o.sharing.?mpsConfig.orValue(null) == null ? null : "
+    "c.o.sharing.mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null), l != null && !("
+    "type(l) == string ? isQuantity(l) : type(l) == int)) ? "
+    "[dyn(c.p + '.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit'), "
+    f"dyn('{LIMIT_NOT_A_QUANTITY}')] : []"
+)
+_PROBLEM_TEXTS = (
+    f"variables.nvidiaConfigs.map(c, cel.bind(x, {_PROBLEM}, size(x) == 0 ? [] : ["
+    + finding_text(ID, UNREADABLE.cel(problem="x[1]"), "x[0]")
+    + "])).flatten()"
+)
+_GATES = "{" + ", ".join(f"'{k}': '{v}'" for k, v in FEATURE_GATES.items()) + "}"
+_SHARING_TEXTS = (
+    f"variables.nvidiaConfigs.filter(c, size({_PROBLEM}) == 0 && type(c.o) == map && "
+    f"c.o.?kind.orValue(null) in {_KINDS!r} && c.o.?sharing.orValue(null) != null && "
+    "!(c.o.sharing.strategy in variables.draSharingStrategies)).map(c, "
+    + finding_text(ID, NOT_ENABLED.cel(strategy="c.o.sharing.strategy", gate=f"{_GATES}[c.o.sharing.strategy]"),
+                   "c.p + '.sharing.strategy'")
+    + ")"
+)
+CEL_VALIDATION = CelValidation(ID, NAME, (
+    "draGpuClasses", "draAllocationModeAllNamespaces", "draAdminAccessNamespaces", "draSharingStrategies"), (
+    ("claimSpec", _CLAIM_SPEC), ("specPath", _SPEC_PATH),
+    ("claimNamespace", "object.?metadata.?namespace.orValue('')"),
+    ("deviceRequests", _REQUESTS), ("nvidiaConfigs", _CONFIGS),
+    ("violations", f"{_REQUEST_TEXTS} + {_PROBLEM_TEXTS} + {_SHARING_TEXTS}"),
+), target="dra")
+
+# The claim variables above; an entry gets the limit when the driver could read it (no problem),
+# its strategy is MPS and enabled, and it sets no limit (check_object).
+_LIMIT_WANTED = (
+    f"size({_PROBLEM}) == 0 && type(c.o) == map && c.o.?kind.orValue(null) in {_KINDS!r} && "
+    f"c.o.?sharing.orValue(null) != null && c.o.sharing.strategy == '{MPS}' && "
+    f"'{MPS}' in variables.draSharingStrategies && "
+    "c.o.sharing.?mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null"
+)
+_POINTER = "'/' + c.p.replace('.', '/').replace('[', '/').replace(']', '') + '/sharing/mpsConfig'"
+_LIMIT_PATCH = (
+    "variables.draMpsDefaultLimit == '' ? [] : "
+    f"variables.nvidiaConfigs.filter(c, {_LIMIT_WANTED}).map(c, "
+    "type(c.o.sharing.?mpsConfig.orValue(null)) == map ? "
+    f"{patch_op(_POINTER + ' + ' + repr('/defaultPinnedDeviceMemoryLimit'), 'variables.draMpsDefaultLimit')} : "
+    f"{patch_op(_POINTER, '{' + repr('defaultPinnedDeviceMemoryLimit') + ': variables.draMpsDefaultLimit}')})"
+)
+CEL_MUTATION = CelMutation(
+    ID, NAME, ("draSharingStrategies", "draMpsDefaultLimit"),
+    tuple((n, e) for n, e in CEL_VALIDATION.variables if n != "violations"),
+    _LIMIT_PATCH, target="dra",
+)

@@ -8,19 +8,35 @@ message that names the container, the resource, both values and what to do inste
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.cel_twin import (
+    GPU_AMOUNTS,
+    CelMutation,
+    CelValidation,
+    Literal,
+    Message,
+    add_map,
+    finding_text,
+    quantity_ok,
+)
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import GpuAmount, gpu_amounts
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, format_count, parse_count
-from gpu_stack_webhook.policy.rules.base import Context, GpuAmount, Signal, gpu_amounts
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU001"
 NAME = "gpu-limits-equal-requests"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 FRACTION_HINT = "GPUs are whole devices; to share one use time-slicing, MPS or MIG"
+NOT_WHOLE = Message(f"{{label}}: {{resource}} {{kind}} {{value}} is not a whole number; {FRACTION_HINT}")
+MISMATCH = Message(f"{{label}}: {{resource}} request {{request}} != limit {{limit}}; set both to the same whole "
+                   f"number ({FRACTION_HINT})")
+NO_LIMIT = Message("{label}: {resource} has request {request} but no limit; set limits.{resource} to {request}")
 
 
 def _deny(amount: GpuAmount, message: str, section: str) -> Finding:
     path = f"{amount.container.path}.resources.{section}[{amount.resource}]"
-    return Finding(ID, Severity.DENY, f"{amount.container.label}: {message}", path, deny_early=True)
+    return Finding(ID, Severity.DENY, message, path, deny_early=True)
 
 
 def _fill_limits(pod: PodView, container: ContainerRef, missing: dict[str, object]) -> Finding:
@@ -53,28 +69,61 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
         request, limit = parse_count(raw), parse_count(amount.limit)
         for raw, value, section in ((amount.request, request, "requests"), (amount.limit, limit, "limits")):
             if raw is not None and (value is None or value != value.to_integral_value() or value < 0):
-                findings.append(_deny(amount, f"{amount.resource} {section[:-1]} {raw!s} is not a whole number; "
-                                      f"{FRACTION_HINT}", section))
+                findings.append(_deny(amount, NOT_WHOLE(label=amount.container.label, resource=amount.resource,
+                                                        kind=section[:-1], value=str(raw)), section))
                 break
         else:
             if request is not None and limit is not None and request != limit:
-                findings.append(_deny(
-                    amount,
-                    f"{amount.resource} request {format_count(request)} != limit {format_count(limit)}; "
-                    f"set both to the same whole number ({FRACTION_HINT})",
-                    "requests",
-                ))
+                findings.append(_deny(amount, MISMATCH(
+                    label=amount.container.label, resource=amount.resource, request=format_count(request),
+                    limit=format_count(limit)), "requests"))
             elif request is not None and limit is None:
                 if ctx.can_patch:
                     containers[amount.container.pointer] = amount.container
                     missing_limits.setdefault(amount.container.pointer, {})[amount.resource] = amount.request
                 else:
-                    findings.append(_deny(
-                        amount,
-                        f"{amount.resource} has request {format_count(request)} but no limit; "
-                        f"set limits.{amount.resource} to {format_count(request)}",
-                        "limits",
-                    ))
+                    findings.append(_deny(amount, NO_LIMIT(
+                        label=amount.container.label, resource=amount.resource, request=format_count(request)),
+                        "limits"))
     for pointer, missing in missing_limits.items():
         findings.append(_fill_limits(pod, containers[pointer], missing))
     return findings
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+# Judged where nothing can patch (workload templates, and Pods after the mutating phase): a fraction
+# or a negative value, a request different from the limit, a request without a limit.
+
+
+def _not_whole(section: str, raw: str) -> str:
+    return finding_text(ID, NOT_WHOLE.cel(label="a.e.label", resource="a.r", kind=Literal(section[:-1]), value=raw),
+                        f"a.e.path + '.resources.{section}[' + a.r + ']'")
+
+
+_COUNT = "string(quantity({}).asInteger())"
+_VIOLATIONS = (
+    "variables.gpuAmounts.map(a, "
+    f"a.hasReq && !{quantity_ok('a.req')} ? [{_not_whole('requests', 'a.req')}] : "
+    f"a.hasLim && !{quantity_ok('a.lim')} ? [{_not_whole('limits', 'a.lim')}] : "
+    "a.hasReq && a.hasLim && quantity(a.req).compareTo(quantity(a.lim)) != 0 ? ["
+    + finding_text(ID, MISMATCH.cel(label="a.e.label", resource="a.r", request=_COUNT.format("a.req"),
+                                    limit=_COUNT.format("a.lim")),
+                   "a.e.path + '.resources.requests[' + a.r + ']'")
+    + "] : a.hasReq && !a.hasLim ? ["
+    + finding_text(ID, NO_LIMIT.cel(label="a.e.label", resource="a.r", request=_COUNT.format("a.req")),
+                   "a.e.path + '.resources.limits[' + a.r + ']'")
+    + "] : []).flatten()"
+)
+CEL_VALIDATION = CelValidation(ID, NAME, ("gpuNames", "gpuPrefixes"), (GPU_AMOUNTS, ("violations", _VIOLATIONS)))
+
+# The limit fill: a GPU resource with a valid request and no limit gets the request as its limit.
+_FILLABLE = f"a.hasReq && !a.hasLim && {quantity_ok('a.req')}"
+_FILL = (
+    "variables.containers.filter(e, variables.gpuAmounts.exists(a, a.e.path == e.path && " + _FILLABLE + "))"
+    ".map(e, " + add_map(
+        "has(e.c.resources.limits)", "e.pointer + '/resources/limits'",
+        f"variables.gpuAmounts.filter(a, a.e.path == e.path && {_FILLABLE})"
+        ".map(a, [dyn(a.r), dyn(e.c.resources.requests[a.r])])",
+    ) + ").flatten()"
+)
+CEL_MUTATION = CelMutation(ID, NAME, ("gpuNames", "gpuPrefixes"), (GPU_AMOUNTS,), _FILL)

@@ -23,41 +23,25 @@ says so instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
+from gpu_stack_webhook.policy.cel_twin import CANDIDATES, GPU_AMOUNTS, CelMutation, add_map, patch_op
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import pod_claims
 from gpu_stack_webhook.policy.facts import FORBID_HOST_IPC
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts, pod_claims
 from gpu_stack_webhook.policy.sharing import Strategy
+from gpu_stack_webhook.policy.signals import Signal, mps_selection
 
 ID = "GPU006"
 NAME = "mps-pod-injection"
 SCOPE = (Signal.GPU_POD, Signal.MPS_SELECTION)
-
-
-def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
-    if key == ctx.sharing.label:
-        return bool(values & ctx.sharing.mps_config_names)
-    return key in wanted and wanted[key] in values
-
-
-def mps_selection(pod: PodView, ctx: Context) -> str | None:
-    """Why this pod is an MPS pod without looking at its resources (Signal.MPS_SELECTION), or None."""
-    if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
-        return f"annotation {ctx.config.mps.annotation}"
-    wanted = ctx.config.mps.node_selector
-    for key, value in pod.node_selector.items():
-        if _selects(key, {str(value)}, wanted, ctx):
-            return f"selects {key}={value}"
-    for term in pod.required_node_selector_terms():
-        for expr in term.get("matchExpressions") or []:
-            if isinstance(expr, Mapping) and expr.get("operator") == "In":
-                values = {str(v) for v in expr.get("values") or []}
-                if _selects(expr.get("key"), values, wanted, ctx):
-                    return f"affinity on {expr.get('key')}"
-    return None
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("the denials (Pod Security levels need a lookup; an opt-in whose nodeSelector excludes MPS nodes is "
+                "left unpatched), the warnings, and leaving pods with DRA MPS claims alone (a lookup)")
 
 
 def mps_reason(pod: PodView, ctx: Context) -> str | None:
@@ -198,3 +182,69 @@ def _pod_security(ctx: Context) -> tuple[str, str]:
         return "", fact.note or "unknown"
     level = str(fact.value or "")
     return (level if level in FORBID_HOST_IPC else ""), ""
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+# The injection on Pods being created, an MPS pod recognised as mps_reason does. Webhook only: the denials
+# (an opt-in whose nodeSelector excludes MPS nodes is left unpatched; Pod Security needs a lookup), the
+# warnings, and leaving pods with DRA MPS claims alone (a lookup of the claims).
+_SELECTS = ("(k == variables.configLabel ? vals.exists(v, v in variables.mpsConfigNames) : "
+            "k in variables.mpsNodeSelector && variables.mpsNodeSelector[k] in vals)")
+_BY_SELECTOR = (
+    "variables.podSpec.?nodeSelector.orValue({}).exists(k, cel.bind(vals, [variables.podSpec.nodeSelector[k]], "
+    f"{_SELECTS}))"
+)
+_BY_AFFINITY = (
+    "variables.podSpec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
+    ".?nodeSelectorTerms.orValue([]).exists(t, t.?matchExpressions.orValue([]).exists(x, x.operator == 'In' && "
+    f"cel.bind(k, x.key, cel.bind(vals, x.?values.orValue([]), {_SELECTS}))))"
+)
+# sharing.NodeConfig.lookup: the strategy config n gives resource r, '' when n does not expose it.
+_LOOKUP = ("(r in variables.exposed[n] ? variables.exposed[n][r] : n in variables.mixedMigConfigs && "
+           "r.startsWith('nvidia.com/mig-') && !(r in variables.replaced[n]) ? 'exclusive' : '')")
+_BY_RESOURCE = (
+    "variables.gpuAmounts.exists(a, cel.bind(r, a.r, "
+    f"variables.candidateConfigs.exists(n, {_LOOKUP} != '') && "
+    f"variables.candidateConfigs.all(n, {_LOOKUP} in ['', 'mps'])))"
+)
+_OPTED_IN = ("variables.mpsAnnotation in variables.annotations && "
+             "string(variables.annotations[variables.mpsAnnotation]).lowerAscii() == 'true'")
+_CONFLICT = ("variables.mpsNodeSelector.exists(k, k in variables.podSpec.?nodeSelector.orValue({}) && "
+             "string(variables.podSpec.nodeSelector[k]) != variables.mpsNodeSelector[k])")
+
+
+def _normalized_cel(t: str) -> str:
+    """A toleration as [key, operator, value, effect] with the webhook's defaults (_normalized above)."""
+    return (f"[{t}.?key.orValue(''), {t}.?operator.orValue('') == '' ? 'Equal' : {t}.operator, "
+            f"{t}.?value.orValue(''), {t}.?effect.orValue('')]")
+
+
+# _covers above: does toleration h tolerate every taint w tolerates?
+_COVERS = ("(h[3] == '' || h[3] == w[3]) && (h[1] == 'Exists' ? h[0] in ['', w[0]] : "
+           "h[0] == w[0] && w[1] == 'Equal' && h[2] == w[2])")
+_MISSING_TOLERATIONS = (
+    "variables.mpsTolerations.filter(want, cel.bind(w, " + _normalized_cel("want") + ", "
+    "!variables.podSpec.?tolerations.orValue([]).exists(have, cel.bind(h, " + _normalized_cel("have") + ", "
+    + _COVERS + "))))"
+)
+_MPS_PATCH = (
+    "(variables.injectHostIPC && variables.podSpec.?hostIPC.orValue(false) != true ? "
+    f"[{patch_op(repr('/spec/hostIPC'), 'true')}] : []) + "
+    "(has(variables.podSpec.tolerations) ? variables.missingTolerations.map(t, "
+    f"{patch_op(repr('/spec/tolerations/-'), 't')}) : size(variables.missingTolerations) > 0 ? "
+    f"[{patch_op(repr('/spec/tolerations'), 'variables.missingTolerations')}] : []) + "
+    "(variables.optedIn ? " + add_map(
+        "has(variables.podSpec.nodeSelector)", "'/spec/nodeSelector'",
+        "variables.mpsNodeSelector.filter(k, !(k in variables.podSpec.?nodeSelector.orValue({})))"
+        ".map(k, [dyn(k), dyn(variables.mpsNodeSelector[k])])") + " : [])"
+)
+CEL_MUTATION = CelMutation(
+    ID, NAME,
+    ("gpuNames", "gpuPrefixes", "configLabel", "configNames", "defaultConfig", "exposed", "replaced",
+     "mixedMigConfigs", "mpsConfigNames", "mpsAnnotation", "mpsNodeSelector", "mpsTolerations", "injectHostIPC"),
+    (GPU_AMOUNTS, CANDIDATES,
+     ("optedIn", _OPTED_IN),
+     ("isMpsPod", f"variables.optedIn || {_BY_SELECTOR} || {_BY_AFFINITY} || {_BY_RESOURCE}"),
+     ("missingTolerations", _MISSING_TOLERATIONS)),
+    f"!variables.isMpsPod || (variables.optedIn && {_CONFLICT}) ? [] : {_MPS_PATCH}",
+)

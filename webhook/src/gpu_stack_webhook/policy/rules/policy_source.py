@@ -10,13 +10,19 @@ missing (policy `sourceError`), until the source can be read again. Other pods a
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import names_dra
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import is_gpu_pod
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, is_gpu_pod, names_dra
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU010"
 NAME = "policy-source-readable"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("the live policy source (the GPU Operator's ClusterPolicy, the device plugin's ConfigMap) is read by "
+                "the webhook")
 MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 

@@ -17,7 +17,7 @@ Scope, exactly (what a CEL port must reproduce):
   not cdi-cri alone). Ephemeral containers cannot have resources, so a `kubectl debug` container with
   SYS_ADMIN in a GPU pod is always denied.
 
-GPUs from Dynamic Resource Allocation count the same way (rules/base.py dra_gpus): a pod holds GPUs
+GPUs from Dynamic Resource Allocation count the same way (policy/dra.py dra_gpus): a pod holds GPUs
 when a container references a claim (spec.resourceClaims, a ResourceClaim or ResourceClaimTemplate in
 the pod's namespace) with a request for a GPU DeviceClass (policy dra.gpuDeviceClasses), or names
 `deviceclass.resource.kubernetes.io/<GPU class>`; a container's own GPU is then such a claim or
@@ -43,25 +43,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_stack_webhook.policy.findings import Finding, Severity
-from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import (
-    Context,
-    Signal,
-    allocated_gpus,
-    candidate_configs,
-    dra_gpus,
-    is_gpu_pod,
-    unresolved_claims,
-    unresolved_note,
+from gpu_stack_webhook.policy.cel_twin import (
+    ALLOCATED,
+    CANDIDATES,
+    DRA_HELD,
+    DRA_NAMES,
+    GPU_AMOUNTS,
+    GPU_POD,
+    CelValidation,
+    Message,
+    finding_text,
 )
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import dra_gpus, unresolved_claims, unresolved_note
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import allocated_gpus, candidate_configs, is_gpu_pod
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = "a pod's claims (spec.resourceClaims: a lookup) and claims that cannot be read (dra.unresolvedClaims)"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 # Capabilities that put CAP_SYS_ADMIN in the bounding set, in canonical spelling.
 SYS_ADMIN_GRANTING = frozenset({"SYS_ADMIN", "ALL"})
+IN_GPU_POD = "a GPU pod"
+HOLDING_BY_DRA = Message("a pod holding GPUs by {names}")
+PRIVILEGED = Message("{label} is privileged in {held} and would see every GPU on the node; remove "
+                     "securityContext.privileged")
+SYS_ADMIN = Message("{label} adds capability {capability} in {held} without a GPU of its own; the NVIDIA runtime "
+                    "treats CAP_SYS_ADMIN as privileged and gives it every GPU its image asks for "
+                    "(NVIDIA_VISIBLE_DEVICES=all in CUDA images); drop {capability} or give the container its own "
+                    "GPU request")
 
 
 def canonical_capability(name: Any) -> str:
@@ -101,19 +116,14 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
     if not (gpu_pod or dra or unresolved):
         return findings
     # How the pod holds GPUs, for the messages: "a GPU pod", or the claims by DRA.
-    held = "a GPU pod" if gpu_pod or not dra else "a pod holding GPUs by " + ", ".join(
-        dict.fromkeys(d for ds in dra.values() for d in ds))
+    held = IN_GPU_POD if gpu_pod or not dra else HOLDING_BY_DRA(
+        names=", ".join(dict.fromkeys(d for ds in dra.values() for d in ds)))
     known = gpu_pod or bool(dra)
     uncertain = Severity.DENY if ctx.config.dra.unresolved_claims == "deny" else Severity.WARN
     for container in privileged:
         if known:
-            findings.append(Finding(
-                ID,
-                Severity.DENY,
-                f"{container.label} is privileged in {held} and would see every GPU on the node; "
-                f"remove securityContext.privileged",
-                f"{container.path}.securityContext.privileged",
-            ))
+            findings.append(Finding(ID, Severity.DENY, PRIVILEGED(label=container.label, held=held),
+                                    f"{container.path}.securityContext.privileged"))
         else:
             findings.append(_uncertain(container, "is privileged", unresolved, uncertain,
                                        f"{container.path}.securityContext.privileged"))
@@ -128,15 +138,8 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
         if not known or container.pointer in unresolved:
             findings.append(_uncertain(container, f"adds capability {spelling}", unresolved, uncertain, path))
             continue
-        findings.append(Finding(
-            ID,
-            Severity.DENY,
-            f"{container.label} adds capability {spelling} in {held} without a GPU of its own; the NVIDIA "
-            f"runtime treats CAP_SYS_ADMIN as privileged and gives it every GPU its image asks for "
-            f"(NVIDIA_VISIBLE_DEVICES=all in CUDA images); drop {spelling} or give the container its own "
-            f"GPU request",
-            path,
-        ))
+        findings.append(Finding(ID, Severity.DENY, SYS_ADMIN(label=container.label, capability=spelling, held=held),
+                                path))
     return findings
 
 
@@ -152,3 +155,38 @@ def _uncertain(container: ContainerRef, what: str, unresolved: dict[str, list[An
         f"webhook read resourceclaims (policy dra.unresolvedClaims)",
         path,
     )
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+# The privileged and SYS_ADMIN containers of a pod whose GPUs CEL can see; a pod's claims need a lookup.
+_PRIVILEGED = "e.c.?securityContext.?privileged.orValue(false) == true"
+_GRANTING = sorted(SYS_ADMIN_GRANTING)
+# The index of the first capabilities.add entry that grants CAP_SYS_ADMIN (privileged.canonical_capability).
+_SYS_ADMIN_AT = (
+    "cel.bind(add, e.c.?securityContext.?capabilities.?add.orValue([]), lists.range(size(add)).filter(k, "
+    "cel.bind(u, string(add[k]).trim().upperAscii(), (u.startsWith('CAP_') ? u.substring(4) : u) in "
+    f"{_GRANTING!r})))"
+)
+_OWN_GPU = ("variables.draHeld.exists(h, h.path == e.path) || "
+            "variables.candidateConfigs.all(n, n in variables.overridingConfigs) && e.path in variables.allocatedPaths")
+# "a GPU pod", or the DRA resources the pod holds GPUs by.
+_HELD = (f"({GPU_POD} || size(variables.draHeld) == 0 ? '{IN_GPU_POD}' : "
+         f"{HOLDING_BY_DRA.cel(names='variables.draNames')})")
+_GPU003_PRIVILEGED = (
+    f"variables.containers.filter(e, {_PRIVILEGED}).map(e, "
+    + finding_text(ID, PRIVILEGED.cel(label="e.label", held=_HELD), "e.path + '.securityContext.privileged'")
+    + ")"
+)
+_SYS_ADMIN_TEXT = finding_text(ID, SYS_ADMIN.cel(label="e.label", capability="c", held=_HELD),
+                               "e.path + '.securityContext.capabilities.add[' + string(k) + ']'")
+_GPU003_SYS_ADMIN = (
+    f"variables.containers.filter(e, !({_PRIVILEGED}) && !({_OWN_GPU}) && size({_SYS_ADMIN_AT}) > 0).map(e, "
+    f"cel.bind(k, {_SYS_ADMIN_AT}[0], cel.bind(c, string(e.c.securityContext.capabilities.add[k]), "
+    f"{_SYS_ADMIN_TEXT})))"
+)
+CEL_VALIDATION = CelValidation(ID, NAME, (
+    "gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "configNames", "defaultConfig",
+    "overridingConfigs", "draGpuClasses"), (
+    GPU_AMOUNTS, ALLOCATED, CANDIDATES, DRA_HELD, DRA_NAMES,
+    ("violations", f"{GPU_POD} || size(variables.draHeld) > 0 ? {_GPU003_PRIVILEGED} + {_GPU003_SYS_ADMIN} : []"),
+))

@@ -11,13 +11,18 @@ at all). Pods that name the class without a GPU are judged as GPU pods by GPU003
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.cel_twin import ALLOCATED, GPU_AMOUNTS, CelMutation, patch_op
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import allocates_gpus
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, allocates_gpus
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU008"
 NAME = "gpu-runtime-class"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = "the warning saying what was set"
 
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
@@ -32,3 +37,13 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
         f"{pod.path}.runtimeClassName",
         changed=True,
     )]
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+CEL_MUTATION = CelMutation(
+    ID, NAME, ("gpuNames", "gpuPrefixes", "injectRuntimeClassName"),
+    (GPU_AMOUNTS, ALLOCATED),
+    "variables.injectRuntimeClassName != '' && variables.podSpec.?runtimeClassName.orValue('') == '' && "
+    "size(variables.allocatedPaths) > 0 ? "
+    f"[{patch_op(repr('/spec/runtimeClassName'), 'variables.injectRuntimeClassName')}] : []",
+)

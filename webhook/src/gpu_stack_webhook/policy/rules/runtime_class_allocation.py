@@ -19,13 +19,19 @@ pod's default runtime no admission rule can close this: the node's toolkit confi
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import dra_gpus
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import allocated_gpus
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules.base import Context, Signal, allocated_gpus, dra_gpus
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU011"
 NAME = "gpu-runtime-needs-own-gpu"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("whether the toolkit accepts the image environment (envvarWhenUnprivileged) comes from the live "
+                "policy source, and a pod's claims need a lookup")
 MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 

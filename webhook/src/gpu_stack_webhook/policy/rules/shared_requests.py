@@ -8,13 +8,18 @@ a warning when only some do.
 
 from __future__ import annotations
 
+from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import candidate_configs, gpu_amounts
 from gpu_stack_webhook.policy.pod import PodView, format_count
-from gpu_stack_webhook.policy.rules.base import Context, Signal, candidate_configs, gpu_amounts
+from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
-SCOPE = (Signal.GPU_POD,)  # rules/base.py Signal
+SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("it judges a request against every device plugin config the pod could land on, a split verdict is a "
+                "warning, and a policy denies or warns per binding, not per finding")
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 
 

@@ -13,7 +13,7 @@ no finding at all. Secrets are never read, so a secretRef without a prefix keeps
 a ConfigMap that does not exist yet or could not be read (the warning says why).
 
 A pod whose GPUs come by Dynamic Resource Allocation (a claim with a GPU request, or a
-deviceclass.resource.kubernetes.io/<GPU class> resource; rules/base.py dra_gpus) reaches the NVIDIA
+deviceclass.resource.kubernetes.io/<GPU class> resource; policy/dra.py dra_gpus) reaches the NVIDIA
 runtime like a GPU pod, and the denial names its claims. Where the runtime is not the default, a pod
 with a claim the webhook cannot read gets each denial under `dra.unresolvedClaims` (deny or warn),
 saying which claim could not be read.
@@ -24,30 +24,46 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpu_stack_webhook.policy.findings import Finding, Severity
-from gpu_stack_webhook.policy.pod import ContainerRef, PodView
-from gpu_stack_webhook.policy.rules.base import (
-    Context,
-    Signal,
-    dra_gpus,
-    is_gpu_pod,
-    reaches_nvidia_runtime,
-    unresolved_claims,
-    unresolved_note,
+from gpu_stack_webhook.policy.cel_twin import (
+    DRA_HELD,
+    DRA_NAMES,
+    GPU_AMOUNTS,
+    GPU_POD,
+    NVIDIA_RUNTIME,
+    RUNTIME_CONFIG,
+    CelValidation,
+    Literal,
+    Message,
+    finding_text,
 )
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import dra_gpus, unresolved_claims, unresolved_note
+from gpu_stack_webhook.policy.findings import Finding, Severity
+from gpu_stack_webhook.policy.gpus import is_gpu_pod
+from gpu_stack_webhook.policy.pod import ContainerRef, PodView
+from gpu_stack_webhook.policy.signals import VISIBLE_DEVICES, Signal, reaches_nvidia_runtime
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.NVIDIA_RUNTIME,)
-VARIABLE = "NVIDIA_VISIBLE_DEVICES"
+# What stays webhook-only, and why (rules/__init__.py).
+WEBHOOK_ONLY = ("the warnings (an envFrom without a prefix), the ConfigMap lookup, a pod's claims (a lookup) and "
+                "claims that cannot be read (dra.unresolvedClaims)")
+VARIABLE = VISIBLE_DEVICES
+SETS = Message(f"{{label}} sets {VARIABLE} {{spelled}}; {{how}}")
+PREFIXED = Message(f'{{label}} imports {{source}} with prefix "{{prefix}}", which can produce {VARIABLE}; use a '
+                   f"prefix that is not the start of {VARIABLE}")
+SOURCE = Message('{kind} "{name}"')
+BY_PLUGIN = "GPUs are assigned by the device plugin, request nvidia.com/gpu instead"
+BY_DRA = Message("GPUs come from the pod's {names}, not from this variable: remove it")
 
 
 def _source(entry: Mapping[str, object]) -> str:
     for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
         ref = entry.get(key)
         if isinstance(ref, dict):
-            return f'{kind} "{ref.get("name", "")}"'
+            return SOURCE(kind=kind, name=ref.get("name", ""))
     return "a source"
 
 
@@ -58,10 +74,9 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
     if not (reaches or unresolved):
         return findings
     dra = dra_gpus(pod, ctx) if reaches and not is_gpu_pod(pod, ctx) else {}
-    how = "GPUs are assigned by the device plugin, request nvidia.com/gpu instead"
+    how = BY_PLUGIN
     if dra:
-        how = ("GPUs come from the pod's " + ", ".join(dict.fromkeys(d for ds in dra.values() for d in ds))
-               + ", not from this variable: remove it")
+        how = BY_DRA(names=", ".join(dict.fromkeys(d for ds in dra.values() for d in ds)))
     for container in pod.containers():
         env = container.env
         if env and _names(env, VARIABLE):
@@ -87,12 +102,8 @@ def _named(container: ContainerRef, env: list[Any], how: str) -> Iterator[Findin
     for index, entry in enumerate(env):
         if isinstance(entry, dict) and entry.get("name") == VARIABLE:
             spelled = "from valueFrom" if "valueFrom" in entry else "explicitly"
-            yield Finding(
-                ID,
-                Severity.DENY,
-                f"{container.label} sets {VARIABLE} {spelled}; {how}",
-                f"{container.path}.env[{index}]",
-            )
+            yield Finding(ID, Severity.DENY, SETS(label=container.label, spelled=spelled, how=how),
+                          f"{container.path}.env[{index}]")
 
 
 def _imported(container: ContainerRef, ctx: Context) -> Iterator[Finding]:
@@ -104,13 +115,8 @@ def _imported(container: ContainerRef, ctx: Context) -> Iterator[Finding]:
         if not isinstance(prefix, str):
             continue
         if prefix and VARIABLE.startswith(prefix):
-            yield Finding(
-                ID,
-                Severity.DENY,
-                f'{container.label} imports {_source(entry)} with prefix "{prefix}", which can produce '
-                f"{VARIABLE}; use a prefix that is not the start of {VARIABLE}",
-                path,
-            )
+            yield Finding(ID, Severity.DENY, PREFIXED(label=container.label, source=_source(entry), prefix=prefix),
+                          path)
         elif not prefix:
             yield from _unprefixed(container.label, entry, path, ctx)
 
@@ -138,3 +144,31 @@ def _unprefixed(label: str, entry: Mapping[str, object], path: str, ctx: Context
             f"assigned by the device plugin: remove that key or set an envFrom prefix",
             path,
         )
+
+
+# --- The CEL twin ----------------------------------------------------------------------------------------
+# The env entries and prefixed envFrom sources of a pod under the NVIDIA runtime; the warnings and the
+# ConfigMap lookup stay in the webhook.
+_ENV = (
+    "variables.containers.map(e, lists.range(size(e.c.?env.orValue([])))"
+    f".filter(j, e.c.env[j].name == '{VARIABLE}').map(j, "
+    + finding_text(ID, SETS.cel(label="e.label", how="variables.visibleDevicesHint",
+                                spelled="(has(e.c.env[j].valueFrom) ? 'from valueFrom' : 'explicitly')"),
+                   "e.path + '.env[' + string(j) + ']'")
+    + ")).flatten()"
+)
+_CONFIGMAP = SOURCE.cel(kind=Literal("ConfigMap"), name="f.configMapRef.?name.orValue('')")
+_SECRET = SOURCE.cel(kind=Literal("Secret"), name="f.secretRef.?name.orValue('')")
+_SOURCE = f"(has(f.configMapRef) ? {_CONFIGMAP} : has(f.secretRef) ? {_SECRET} : 'a source')"
+_ENV_FROM = (
+    "variables.containers.map(e, lists.range(size(e.c.?envFrom.orValue([]))).map(j, [dyn(j), dyn(e.c.envFrom[j])])"
+    f".filter(p, p[1].?prefix.orValue('') != '' && '{VARIABLE}'.startsWith(p[1].prefix)).map(p, cel.bind(f, p[1], "
+    + finding_text(ID, PREFIXED.cel(label="e.label", source=_SOURCE, prefix="f.prefix"),
+                   "e.path + '.envFrom[' + string(p[0]) + ']'")
+    + "))).flatten()"
+)
+_HINT = f"!{GPU_POD} && size(variables.draHeld) > 0 ? {BY_DRA.cel(names='variables.draNames')} : '{BY_PLUGIN}'"
+CEL_VALIDATION = CelValidation(ID, NAME, RUNTIME_CONFIG, (
+    GPU_AMOUNTS, DRA_HELD, DRA_NAMES, ("visibleDevicesHint", _HINT),
+    ("violations", f"{NVIDIA_RUNTIME} ? {_ENV} + {_ENV_FROM} : []"),
+))

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from hack.monitoring.alerts import GPU_RESOURCES, WEBHOOK_NAMES, WEBHOOK_TARGET
+from gpu_stack_dev.generate.monitoring.alerts import GPU_RESOURCES, WEBHOOK_NAMES, WEBHOOK_TARGET
 
 with warnings.catch_warnings():
     # The classic (v1) dashboard model, what file provisioning reads, warns that v2 exists.

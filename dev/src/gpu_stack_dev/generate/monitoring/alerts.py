@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hack.monitoring.placeholders import (
+from gpu_stack_dev.generate.monitoring.placeholders import (
     AGENTS_NAMESPACE,
     DCGM_JOB,
     DEVICE_PLUGIN_DAEMONSET,

@@ -1,5 +1,0 @@
-import sys
-
-from hack.monitoring.generate import main
-
-sys.exit(main())

@@ -1,0 +1,238 @@
+"""The signals: what in a request lets a rule act on it, each with its Python predicate and its CEL
+expression side by side. A rule module names the signals it acts on (SCOPE); policy/scope.py assembles the
+Python predicates, cel/match_conditions.py the CEL ones into the webhook configurations' matchConditions.
+
+Where a CEL test is looser than the Python one (the MPS annotation's key without its value, a selector's key
+without its value) it errs towards calling the webhook. tests/property/test_match_conditions.py checks, on
+generated pods and every overlay's policy, that the CEL holds wherever the Python predicate does.
+
+The CEL reads the config (CONFIG, as cel/library.config_values computes it) through `${name}` placeholders
+the chart replaces with JSON literals, and the pod through the bindings of BINDINGS (`spec`, `annotations`,
+`gpuPod`).
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpu_stack_webhook.policy.context import Context
+from gpu_stack_webhook.policy.dra import EXTENDED_RESOURCE_PREFIX, dra_gpus, names_dra
+from gpu_stack_webhook.policy.gpus import is_gpu_pod
+from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS, PodView
+
+# What the NVIDIA runtime reads from a pod spec besides its GPUs (GPU002, GPU007), and what containerd and
+# CRI-O read under any runtime (GPU007).
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+
+class Signal(enum.Enum):
+    """What in a request lets a rule act on it. Each rule module declares the signals it needs (SCOPE);
+    a request with none of its rules' signals gets no finding and no change from any rule
+    (tests/property/test_match_conditions.py), so the API server need not call the webhook for it: the
+    webhook configurations' matchConditions are assembled from the rules' SCOPE and the CEL below
+    (cel/match_conditions.py)."""
+
+    # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName
+    # is a GPU runtime class (is_gpu_pod); or the pod may hold GPUs by Dynamic Resource Allocation: it
+    # names claims (spec.resourceClaims) or a container names a deviceclass.resource.kubernetes.io/
+    # resource (names_dra: whether a claim holds a GPU needs a lookup, so any claim is in scope).
+    GPU_POD = "gpu-pod"
+    # The pod runs under the NVIDIA runtime (a GPU pod, or any pod where that runtime is the node's
+    # default: config nvidiaRuntimeIsDefault) and names something that runtime reads from a pod spec:
+    # NVIDIA_VISIBLE_DEVICES in env, an envFrom source, a mount under its device list directory. A GPU
+    # pod always carries it.
+    NVIDIA_RUNTIME = "nvidia-runtime"
+    # The MPS opt-in annotation, or a nodeSelector / required node affinity on an MPS label or on the
+    # device plugin config label (mps_selection).
+    MPS_SELECTION = "mps-selection"
+    # An annotation under cdi.k8s.io/, which containerd and CRI-O read under any runtime.
+    CDI_ANNOTATION = "cdi-annotation"
+    # A resource.k8s.io ResourceClaim or ResourceClaimTemplate (GPU009): never a pod.
+    DRA_OBJECT = "dra-object"
+
+
+# --- What every CEL expression reads --------------------------------------------------------------------------
+
+# The config the expressions read (cel/library.config_values keys).
+CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "mpsAnnotation", "mpsNodeSelector",
+          "nvidiaRuntimeIsDefault", "disabledRules")
+
+# The pod spec and pod metadata of a Pod or a workload's template (cel_twin.POD_VARIABLES, with every
+# step optional: a matchCondition that fails to evaluate is a refusal under failurePolicy Fail).
+_SPEC = ("(object.kind == 'Pod' ? object.?spec : object.kind == 'CronJob' ? "
+         "object.?spec.?jobTemplate.?spec.?template.?spec : object.?spec.?template.?spec).orValue({})")
+_ANNOTATIONS = ("(object.kind == 'Pod' ? object.?metadata : object.kind == 'CronJob' ? "
+                "object.?spec.?jobTemplate.?spec.?template.?metadata : object.?spec.?template.?metadata)"
+                ".?annotations.orValue({})")
+
+# The API server meters matchConditions (k8s.io/apiserver pkg/apis/cel/config.go, v1.36: PerCallLimit
+# 1,000,000 per expression, RuntimeCELCostBudgetMatchConditions 2,500,000 per webhook) and refuses a
+# request whose conditions run over under failurePolicy Fail. Iterating a 1.5 MiB pod's tens of thousands
+# of resource keys or annotations runs over, so every list or map is sized first (size() is one step) and
+# one larger than these bounds sends the request to the webhook without being read: the conditions' cost
+# is bounded by the constants, whatever the pod (tests/e2e/test_match_conditions.py, on the API server).
+MAX_CONTAINERS = 64  # containers + initContainers + ephemeralContainers
+MAX_RESOURCES = 32  # requests + limits entries of one container
+MAX_ANNOTATIONS = 128
+MAX_SELECTOR = 64  # nodeSelector entries
+MAX_TERMS = 8  # required node affinity terms
+MAX_EXPRESSIONS = 16  # matchExpressions of one term
+MAX_ENV = 64  # env entries of one container
+MAX_MOUNTS = 32  # volumeMounts of one container
+
+
+# --- Signal.GPU_POD -------------------------------------------------------------------------------------------
+
+def gpu_pod(pod: PodView, ctx: Context) -> bool:
+    """Signal.GPU_POD."""
+    return is_gpu_pod(pod, ctx) or names_dra(pod)
+
+
+_IS_GPU = ("(r in ${gpuNames} || ${gpuPrefixes}.exists(p, r.startsWith(p)) || "
+           f"r.startsWith('{EXTENDED_RESOURCE_PREFIX}'))")
+_CONTAINER_LISTS = [f"spec.?{field}.orValue([])" for field, _ in CONTAINER_FIELDS]
+# The maps are read twice rather than bound: in cel-go a binding is a one-element comprehension (lower_binds),
+# which costs the API server more than a second optional select.
+_REQUESTS, _LIMITS = "c.?resources.?requests.orValue({})", "c.?resources.?limits.orValue({})"
+_NAMES_GPU = (
+    f"size({_REQUESTS}) + size({_LIMITS}) > {MAX_RESOURCES} || "
+    f"{_REQUESTS}.exists(r, {_IS_GPU}) || {_LIMITS}.exists(r, {_IS_GPU})"
+)
+# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
+_GPU_POD = (
+    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || size(spec.?resourceClaims.orValue([])) > 0 || "
+    f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
+    + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
+)
+
+# The names every expression may read, bound in this order around them.
+BINDINGS = (("spec", _SPEC), ("annotations", _ANNOTATIONS), ("gpuPod", _GPU_POD))
+GPU_POD_CEL = "gpuPod"
+
+
+# --- Signal.NVIDIA_RUNTIME ------------------------------------------------------------------------------------
+
+def reaches_nvidia_runtime(pod: PodView, ctx: Context) -> bool:
+    """Does the pod run under the NVIDIA runtime (Signal.NVIDIA_RUNTIME)? Only there do
+    NVIDIA_VISIBLE_DEVICES and the device list mounts select GPUs. A pod whose GPUs come by DRA counts."""
+    return ctx.config.nvidia_runtime_is_default or is_gpu_pod(pod, ctx) or bool(dra_gpus(pod, ctx))
+
+
+def nvidia_runtime(pod: PodView, ctx: Context) -> bool:
+    """Signal.NVIDIA_RUNTIME: a GPU pod, or a pod under the NVIDIA runtime naming what it reads."""
+    return gpu_pod(pod, ctx) or (reaches_nvidia_runtime(pod, ctx) and reads_runtime_input(pod))
+
+
+def reads_runtime_input(pod: PodView) -> bool:
+    """Does a container name what the NVIDIA runtime reads from a pod spec (GPU002, GPU007's mounts):
+    NVIDIA_VISIBLE_DEVICES in env, any envFrom source, a mount path with the device list directory's name?"""
+    for container in pod.containers():
+        if container.env_from or any(isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES for e in container.env):
+            return True
+        for mount in container.spec.get("volumeMounts") or []:
+            path = mount.get("mountPath") if isinstance(mount, dict) else None
+            if isinstance(path, str) and DEVICE_LIST_NAME in path:
+                return True
+    return False
+
+
+# What the NVIDIA runtime reads from a pod spec: NVIDIA_VISIBLE_DEVICES in env (or from an envFrom source,
+# with or without a prefix) and mounts under its device list directory (reads_runtime_input).
+_RUNTIME_INPUT = " || ".join(
+    f"{lst}.exists(c, cel.bind(env, c.?env.orValue([]), cel.bind(mounts, c.?volumeMounts.orValue([]), "
+    f"size(c.?envFrom.orValue([])) > 0 || size(env) > {MAX_ENV} || size(mounts) > {MAX_MOUNTS} || "
+    f"env.exists(e, e.?name.orValue('') == '{VISIBLE_DEVICES}') || "
+    f"mounts.exists(m, m.?mountPath.orValue('').contains('{DEVICE_LIST_NAME}')))))"
+    for lst in _CONTAINER_LISTS)
+NVIDIA_RUNTIME_CEL = f"gpuPod || ${{nvidiaRuntimeIsDefault}} && ({_RUNTIME_INPUT})"
+
+
+# --- Signal.MPS_SELECTION -------------------------------------------------------------------------------------
+
+def _selects(key: Any, values: set[str], wanted: Mapping[str, str], ctx: Context) -> bool:
+    if key == ctx.sharing.label:
+        return bool(values & ctx.sharing.mps_config_names)
+    return key in wanted and wanted[key] in values
+
+
+def mps_selection(pod: PodView, ctx: Context) -> str | None:
+    """Why this pod is an MPS pod without looking at its resources (Signal.MPS_SELECTION), or None."""
+    if str(pod.annotations.get(ctx.config.mps.annotation, "")).lower() == "true":
+        return f"annotation {ctx.config.mps.annotation}"
+    wanted = ctx.config.mps.node_selector
+    for key, value in pod.node_selector.items():
+        if _selects(key, {str(value)}, wanted, ctx):
+            return f"selects {key}={value}"
+    for term in pod.required_node_selector_terms():
+        for expr in term.get("matchExpressions") or []:
+            if isinstance(expr, Mapping) and expr.get("operator") == "In":
+                values = {str(v) for v in expr.get("values") or []}
+                if _selects(expr.get("key"), values, wanted, ctx):
+                    return f"affinity on {expr.get('key')}"
+    return None
+
+
+def mps_selected(pod: PodView, ctx: Context) -> bool:
+    """Signal.MPS_SELECTION."""
+    return mps_selection(pod, ctx) is not None
+
+
+_AFFINITY_TERMS = ("spec.?affinity.?nodeAffinity.?requiredDuringSchedulingIgnoredDuringExecution"
+                   ".?nodeSelectorTerms.orValue([])")
+_MPS_KEY = "(k == ${configLabel} || k in ${mpsNodeSelector})"
+MPS_SELECTION_CEL = (
+    "${mpsAnnotation} in annotations || "
+    f"cel.bind(ns, spec.?nodeSelector.orValue({{}}), size(ns) > {MAX_SELECTOR} || ns.exists(k, {_MPS_KEY})) || "
+    f"cel.bind(terms, {_AFFINITY_TERMS}, size(terms) > {MAX_TERMS} || terms.exists(t, "
+    f"cel.bind(xs, t.?matchExpressions.orValue([]), size(xs) > {MAX_EXPRESSIONS} || xs.exists(x, "
+    f"cel.bind(k, x.?key.orValue(''), {_MPS_KEY})))))"
+)
+
+
+# --- Signal.CDI_ANNOTATION ------------------------------------------------------------------------------------
+
+def cdi_annotation(pod: PodView, ctx: Context) -> bool:
+    """Signal.CDI_ANNOTATION."""
+    return any(isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX) for key in pod.annotations)
+
+
+CDI_ANNOTATION_CEL = (f"size(annotations) > {MAX_ANNOTATIONS} || "
+                      f"annotations.exists(k, k.startsWith('{CDI_ANNOTATION_PREFIX}'))")
+
+
+# --- Signal.DRA_OBJECT ----------------------------------------------------------------------------------------
+
+def dra_object(pod: PodView, ctx: Context) -> bool:
+    """Signal.DRA_OBJECT: never a pod (scope.object_in_scope judges the kinds)."""
+    return False
+
+
+DRA_OBJECT_CEL = "object.kind == 'ResourceClaim' || object.kind == 'ResourceClaimTemplate'"
+
+
+# --- The signals, each with both predicates -------------------------------------------------------------------
+
+class Carried:
+    """How to tell that a request carries a signal: in Python (on the pod, for a rule's context) and in CEL
+    (on the object, as a matchCondition term)."""
+
+    __slots__ = ("cel", "python")
+
+    def __init__(self, python: Callable[[PodView, Context], bool], cel: str) -> None:
+        self.python = python
+        self.cel = cel
+
+
+SIGNALS: dict[Signal, Carried] = {
+    Signal.GPU_POD: Carried(gpu_pod, GPU_POD_CEL),
+    Signal.NVIDIA_RUNTIME: Carried(nvidia_runtime, NVIDIA_RUNTIME_CEL),
+    Signal.MPS_SELECTION: Carried(mps_selected, MPS_SELECTION_CEL),
+    Signal.CDI_ANNOTATION: Carried(cdi_annotation, CDI_ANNOTATION_CEL),
+    Signal.DRA_OBJECT: Carried(dra_object, DRA_OBJECT_CEL),
+}
