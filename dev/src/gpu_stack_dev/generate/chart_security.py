@@ -52,7 +52,7 @@ WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "P
 def scenarios() -> dict[str, list[str]]:
     """name -> extra `helm template` arguments: the defaults, every overlay, the helm tests' namespace (the
     webhook denial test) and the optional driver container."""
-    out = {"defaults": []}
+    out: dict[str, list[str]] = {"defaults": []}
     for overlay in sorted(EXAMPLES.glob("*.yaml")):
         out[overlay.stem] = ["-f", str(overlay)]
     out["helm-tests-namespace"] = ["--set", "webhook.helmTests.namespace=gpu-check"]
@@ -94,8 +94,8 @@ def table(binary: str) -> str:
              "every overlay, a helm test namespace and the driver container; release `gpu-stack`).", "",
              "| Object | Check | Kind of exception | Reason (the annotation's text) |", "|---|---|---|---|"]
     order = {check: i for i, check in enumerate(ALLOWED)}
-    for (obj, check), reason in sorted(rows.items(), key=lambda r: (r[0][0], order.get(r[0][1], 99), r[0][1])):
-        lines.append(f"| `{obj}` | {check} | {ALLOWED.get(check, 'NOT ALLOWED')} | {reason} |")
+    for (name, check), reason in sorted(rows.items(), key=lambda r: (r[0][0], order.get(r[0][1], 99), r[0][1])):
+        lines.append(f"| `{name}` | {check} | {ALLOWED.get(check, 'NOT ALLOWED')} | {reason} |")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,7 +18,7 @@ SECTION = "rbac-table"
 RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"
 
 
-def rendered(binary: str, overlay: Path | None) -> list[dict]:
+def rendered(binary: str, overlay: Path | None) -> list[dict[str, Any]]:
     args = [binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     if overlay:
         args += ["-f", str(overlay)]
@@ -25,7 +26,7 @@ def rendered(binary: str, overlay: Path | None) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def permissions(objects: list[dict]) -> dict[str, set[tuple[str, str, str, str]]]:
+def permissions(objects: list[dict[str, Any]]) -> dict[str, set[tuple[str, str, str, str]]]:
     """ServiceAccount -> {(scope, apiGroups, resources[/names], verbs)}."""
     roles = {(o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"] in ("Role", "ClusterRole")}
     out: dict[str, set[tuple[str, str, str, str]]] = {}
@@ -58,8 +59,7 @@ def table() -> str:
              "overlay of `Chart-values-examples/`.", "",
              "| ServiceAccount | Scope | API groups | Resources | Verbs |", "|---|---|---|---|---|"]
     for sa in sorted(merged):
-        rows = sorted(merged[sa]) or [("-", "-", "no RBAC", "-")]
-        for scope, groups, resources, verbs in rows:
+        for scope, groups, resources, verbs in sorted(merged[sa]) or [("-", "-", "no RBAC", "-")]:
             lines.append(f"| `{sa}` | {scope} | {groups} | {resources} | {verbs} |")
     return "\n".join([*lines, "", ""])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import yaml
@@ -27,6 +28,6 @@ def counters_text() -> str:
 OUTPUTS: dict[str, tuple[str, Callable[[], str]]] = {
     "alerts.yaml": ("alerts.py", alerts_text),
     "dcgm-counters.csv": ("counters.py", counters_text),
-    **{f"dashboards/{d.uid}.json": ("dashboards.py", lambda d=d: dashboards.json_text(d))
+    **{f"dashboards/{d.uid}.json": ("dashboards.py", functools.partial(dashboards.json_text, d))
        for d in dashboards.DASHBOARDS},
 }
