@@ -184,10 +184,14 @@ class Node:
                           "dataDir": str(self.dir / "cni-ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=2))
         cri = 'plugins."io.containerd.grpc.v1.cri"'
-        runsc = f'{cri}.containerd.runtimes.runsc'
-        # The handler the NVIDIA toolkit registers (the chart's RuntimeClass `nvidia`), as a stand-in that
-        # records each container's spec into .nvidia_runtime_log (hack/node/nvidia-runtime-standin).
-        nvidia = f'{cri}.containerd.runtimes.{NVIDIA_HANDLER}'
+        # runsc, the default, and the handler the NVIDIA toolkit registers (the chart's RuntimeClass `nvidia`)
+        # as a stand-in that records each container's spec into .nvidia_runtime_log: both through the runc shim.
+        runtimes = "".join(f"""[{cri}.containerd.runtimes.{handler}]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.{handler}.options]
+  BinaryName = "{ROOT}/hack/node/{binary}"
+  Root = "{self.dir}/runsc-root"
+""" for handler, binary in (("runsc", "runsc-wrap"), (NVIDIA_HANDLER, "nvidia-runtime-standin")))
         (self.dir / "containerd.toml").write_text(f"""version = 2
 root = "{self.dir}/containerd/root"
 state = "{self.dir}/containerd/state"
@@ -198,17 +202,7 @@ state = "{self.dir}/containerd/state"
 [{cri}.containerd]
   snapshotter = "native"
   default_runtime_name = "runsc"
-[{runsc}]
-  runtime_type = "io.containerd.runc.v2"
-[{runsc}.options]
-  BinaryName = "{ROOT}/hack/node/runsc-wrap"
-  Root = "{self.dir}/runsc-root"
-[{nvidia}]
-  runtime_type = "io.containerd.runc.v2"
-[{nvidia}.options]
-  BinaryName = "{ROOT}/hack/node/nvidia-runtime-standin"
-  Root = "{self.dir}/runsc-root"
-[{cri}.cni]
+{runtimes}[{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{cni}"
 """)

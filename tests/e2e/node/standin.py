@@ -3,12 +3,13 @@ node tests that need GPUs (test_gpus.py, test_patches.py). `node` is the real_no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,18 @@ class StandIn:
         self.proc.wait(timeout=30)
         gone = {name: "0" for name in self.promised()}
         wait_for(lambda: gpu_resources(self.node, gone)[1] == gone, "the stopped plugin's devices withdrawn")
+
+
+@contextlib.contextmanager
+def scratch_namespace(node: Any, name: str) -> Iterator[str]:
+    """The namespace `name` for a test's pods, deleted with them after."""
+    node.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        # Forced: the scheduler counts a terminating pod's GPUs until its object is gone.
+        node.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0", "--wait=true")
+        node.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def node_status(node: Any) -> dict[str, Any]:

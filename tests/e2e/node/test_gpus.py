@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_stack_dev.e2e.e2elib import unique
 
 from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT
 from tests.e2e.deviceplugin.server import write_health
 
-from .standin import StandIn, apply_pod, gpu_resources, seen, wait_for
+from .standin import StandIn, apply_pod, gpu_resources, scratch_namespace, seen, wait_for
 
 # (overlay, GPU model, GPUs): measured on a kubelet v1.36.2 node, capacity == allocatable == the fleet's.
 OVERLAYS = [
@@ -61,12 +62,8 @@ def standin(node: Any, tmp_path: Path) -> Iterator[Callable[[str, str, int], Sta
 
 @pytest.fixture
 def namespace(node: Any) -> Iterator[str]:
-    name = f"gpus-{uuid.uuid4().hex[:8]}"
-    node.kubectl("create", "namespace", name)
-    yield name
-    # Forced: the scheduler counts a terminating pod's GPUs until its object is gone.
-    node.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0", "--wait=true")
-    node.kubectl("delete", "namespace", name, "--wait=false")
+    with scratch_namespace(node, unique("gpus")) as name:
+        yield name
 
 
 @pytest.mark.parametrize(("overlay", "model", "gpus"), OVERLAYS)

@@ -15,19 +15,18 @@ What the kubelet and containerd then do with the admitted pod is read where they
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, unique
 from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 
 from tests.e2e.deviceplugin.model import MPS_CONTAINER_ROOT, VOLUME_MOUNTS_ROOT
 
 from .conftest import install_and_wait
-from .standin import StandIn, gpu_resources, wait_for
+from .standin import StandIn, gpu_resources, scratch_namespace, wait_for
 
 OVERLAY = "mps-x10.yaml"
 MPS_TAINT = "gpu-stack.io/mps"  # the taint mps-x10.yaml's header tells admins to set
@@ -60,11 +59,8 @@ def mps_node(real_node: Any, cluster: E2ECluster, tmp_path_factory: pytest.TempP
 
 @pytest.fixture
 def namespace(real_node: Any) -> Iterator[str]:
-    name = f"patches-{uuid.uuid4().hex[:8]}"
-    real_node.kubectl("create", "namespace", name)
-    yield name
-    real_node.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0", "--wait=true")
-    real_node.kubectl("delete", "namespace", name, "--wait=false")
+    with scratch_namespace(real_node, unique("patches")) as name:
+        yield name
 
 
 def _pod(name: str, namespace: str, image: str, resources: dict[str, Any] | None, **spec: Any) -> str:
@@ -140,16 +136,11 @@ def test_a_pod_without_the_mps_toleration_is_kept_off_the_mps_node(
 def test_the_same_pod_without_the_webhook_keeps_a_private_ipc_namespace(real_node: Any, mps_node: StandIn) -> None:
     """In a namespace the webhook leaves alone, a pod that already names the limit, the toleration and the
     runtime class (but not hostIPC) runs as written: its sandbox asks for an IPC namespace of its own."""
-    real_node.kubectl("create", "namespace", EXEMPT_NAMESPACE)
-    try:
+    with scratch_namespace(real_node, EXEMPT_NAMESPACE) as namespace:
         created = real_node.kubectl("apply", "-f", "-", input=_pod(
-            "as-written", EXEMPT_NAMESPACE, real_node.busybox_image, {"limits": {"nvidia.com/gpu": "1"}},
+            "as-written", namespace, real_node.busybox_image, {"limits": {"nvidia.com/gpu": "1"}},
             runtimeClassName="nvidia", tolerations=[{"key": MPS_TAINT, "operator": "Exists", "effect": "NoSchedule"}]))
         assert "Warning:" not in created.stderr
-        assert _output(real_node, EXEMPT_NAMESPACE, "as-written")[0] == f"MPS={PIPE_DIRECTORY}"
-        records = _runtime_records(real_node.nvidia_runtime_log, EXEMPT_NAMESPACE, "as-written")
+        assert _output(real_node, namespace, "as-written")[0] == f"MPS={PIPE_DIRECTORY}"
+        records = _runtime_records(real_node.nvidia_runtime_log, namespace, "as-written")
         assert records["sandbox"]["ipcNamespace"] == {"type": "ipc"}
-    finally:
-        real_node.kubectl("delete", "pods", "--all", "-n", EXEMPT_NAMESPACE, "--force", "--grace-period=0",
-                          "--wait=true")
-        real_node.kubectl("delete", "namespace", EXEMPT_NAMESPACE, "--wait=false")
