@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev.e2e.admission_policies import wait_not_enforced
 from gpu_stack_dev.e2e.e2elib import ROOT, E2ECluster, Release, Releases
 
 DEMO = ROOT / "hack" / "demo" / "manifests"
@@ -110,25 +111,11 @@ def _wait_refused(cluster: E2ECluster, namespace: str, obj: dict[str, Any], time
         time.sleep(0.5)
 
 
-def _wait_not_enforced(cluster: E2ECluster, timeout: float = 60) -> None:
-    """After uninstall the API server's policy informers drop the bindings, not at once: a release installed
-    meanwhile in another namespace would still be judged by a binding that excluded only the old one."""
-    namespace = cluster.create_namespace()
-    deadline = time.monotonic() + timeout
-    probe = _pod("probe", ENV)
-    while "ValidatingAdmissionPolicy" in (proc := cluster.kubectl("create", "--dry-run=server", "-n", namespace,
-                                                                    "-f", "-", input=json.dumps(probe),
-                                                                    check=False)).stderr:
-        assert time.monotonic() < deadline, f"the policies are still enforced after uninstall: {proc.stderr}"
-        time.sleep(0.5)
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-
-
 @pytest.fixture(autouse=True)
 def policies_gone_after_each_test(cluster: E2ECluster, releases: Releases) -> Iterator[None]:
     yield
     releases.cleanup()
-    _wait_not_enforced(cluster)
+    wait_not_enforced(cluster)
 
 
 def _install_cel(cluster: E2ECluster, releases: Releases, overlay: str | None = None) -> str:

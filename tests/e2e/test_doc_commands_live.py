@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_stack_dev.e2e.admission_policies import wait_not_enforced
 from gpu_stack_dev.e2e.e2elib import FAKE_WEBHOOK_IMAGE, E2ECluster, Release, Releases
 
 from tests.docs.doccommands import ROOT, Command, doc_commands, notes_commands
@@ -101,12 +102,16 @@ def test_the_notes_check_is_denied_by_the_installed_webhook(cluster: E2ECluster,
 def test_the_notes_check_is_denied_by_the_cel_policy(cluster: E2ECluster, releases: Releases) -> None:
     release, _ = releases.install(set_json={"webhook.validation.mode": "cel", "webhook.mutation.mode": "cel"},
                                   webhook_image=None)
-    command, expected = notes_check(cluster, release)
-    assert "ValidatingAdmissionPolicy" in expected
-    deadline = time.monotonic() + 60  # the API server compiles a new policy before it enforces it
-    while not denied_as_expected(proc := run(cluster, command), expected) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert denied_as_expected(proc, expected), f"{command.where}: {command.text}\n{proc.stdout}{proc.stderr}"
+    try:
+        command, expected = notes_check(cluster, release)
+        assert "ValidatingAdmissionPolicy" in expected
+        deadline = time.monotonic() + 60  # the API server compiles a new policy before it enforces it
+        while not denied_as_expected(proc := run(cluster, command), expected) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert denied_as_expected(proc, expected), f"{command.where}: {command.text}\n{proc.stdout}{proc.stderr}"
+    finally:  # the next test installs the chart with the webhook: not under this release's policies
+        releases.cleanup()
+        wait_not_enforced(cluster)
 
 
 def test_the_documented_commands_work_as_typed(cluster: E2ECluster, releases: Releases) -> None:
