@@ -107,10 +107,16 @@ def apply_pod(node: Any, namespace: str, name: str, gpus: int | None, env: dict[
     node.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
 
+def printed(node: Any, namespace: str, name: str, timeout: float = 90) -> list[str]:
+    """What the pod's container printed before its END line (waits for it)."""
+    def logs() -> list[str] | None:
+        out = node.kubectl("logs", "-n", namespace, name, check=False)
+        return out.stdout.splitlines() if out.returncode == 0 and "END" in out.stdout else None
+    lines = wait_for(logs, f"{name}'s output", timeout)
+    return lines[:lines.index("END")]
+
+
 def seen(node: Any, namespace: str, name: str) -> tuple[str, list[str]]:
     """(NVIDIA_VISIBLE_DEVICES, the entries under /var/run/nvidia-container-devices) inside the container."""
-    def logs() -> str | None:
-        out = node.kubectl("logs", "-n", namespace, name, check=False)
-        return out.stdout if out.returncode == 0 and "END" in out.stdout else None
-    lines = wait_for(logs, f"{name}'s output").splitlines()
-    return lines[0].removeprefix("NVD="), lines[1:lines.index("END")]
+    lines = printed(node, namespace, name)
+    return lines[0].removeprefix("NVD="), lines[1:]

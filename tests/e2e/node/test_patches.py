@@ -26,7 +26,7 @@ from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 from tests.e2e.deviceplugin.model import MPS_CONTAINER_ROOT, VOLUME_MOUNTS_ROOT
 
 from .conftest import install_and_wait
-from .standin import StandIn, gpu_resources, scratch_namespace, wait_for
+from .standin import StandIn, gpu_resources, printed, scratch_namespace, wait_for
 
 OVERLAY = "mps-x10.yaml"
 MPS_TAINT = "gpu-stack.io/mps"  # the taint mps-x10.yaml's header tells admins to set
@@ -73,15 +73,6 @@ def _pod(name: str, namespace: str, image: str, resources: dict[str, Any] | None
                                 "containers": [container], **spec}})
 
 
-def _output(node: Any, namespace: str, pod: str) -> list[str]:
-    """What the container printed before END."""
-    def logs() -> list[str] | None:
-        out = node.kubectl("logs", "-n", namespace, pod, check=False)
-        return out.stdout.splitlines() if out.returncode == 0 and "END" in out.stdout else None
-    lines = wait_for(logs, f"{pod}'s output", timeout=120)
-    return lines[:lines.index("END")]
-
-
 def _runtime_records(path: Path, namespace: str, pod: str) -> dict[str, dict[str, Any]]:
     """The nvidia handler's records of this pod's sandbox and containers, by container type."""
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
@@ -106,7 +97,8 @@ def test_a_gpu_pod_runs_as_the_webhook_changed_it(real_node: Any, mps_node: Stan
 
     # The kubelet allocated one replica of the one GPU: the plugin's Allocate answer is in the container.
     (gpu,) = mps_node.plugin.gpu_uuids()
-    assert _output(real_node, namespace, "client") == [f"MPS={PIPE_DIRECTORY}", f"NVD={VOLUME_MOUNTS_ROOT}", gpu]
+    assert printed(real_node, namespace, "client", timeout=120) == [
+        f"MPS={PIPE_DIRECTORY}", f"NVD={VOLUME_MOUNTS_ROOT}", gpu]
 
     # containerd created the sandbox and the container through the `nvidia` handler, with the host's IPC.
     records = _runtime_records(real_node.nvidia_runtime_log, namespace, "client")
@@ -141,6 +133,6 @@ def test_the_same_pod_without_the_webhook_keeps_a_private_ipc_namespace(real_nod
             "as-written", namespace, real_node.busybox_image, {"limits": {"nvidia.com/gpu": "1"}},
             runtimeClassName="nvidia", tolerations=[{"key": MPS_TAINT, "operator": "Exists", "effect": "NoSchedule"}]))
         assert "Warning:" not in created.stderr
-        assert _output(real_node, namespace, "as-written")[0] == f"MPS={PIPE_DIRECTORY}"
+        assert printed(real_node, namespace, "as-written", timeout=120)[0] == f"MPS={PIPE_DIRECTORY}"
         records = _runtime_records(real_node.nvidia_runtime_log, namespace, "as-written")
         assert records["sandbox"]["ipcNamespace"] == {"type": "ipc"}
