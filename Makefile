@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv generate test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image
+.PHONY: all venv generate test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image \
+	release release-prepare
 
 all: test
 
@@ -128,6 +129,20 @@ lint: $(STAMP) helm
 # --set webhook.image.repository=... --set webhook.image.tag=...
 image:
 	hack/build-image.sh "$(IMAGE)"
+
+# A release (CONTRIBUTING.md, "Releasing"; hack/release.py): release-prepare sets the versions and starts the
+# CHANGELOG section (review and commit them); release refuses a dirty tree, versions other than VERSION and an
+# IMAGE tagged otherwise, then writes the chart package, the image as an OCI archive with its digest, the
+# wheel, the krew plugin and SHA256SUMS into $(RELEASE_DIR)/VERSION and tags the commit vVERSION.
+RELEASE_DIR ?= dist
+release-prepare: $(STAMP)
+	@[ -n "$(VERSION)" ] || { echo "release-prepare: VERSION=x.y.z is required" >&2; exit 1; }
+	$(PY) hack/release.py prepare "$(VERSION)"
+
+release: $(STAMP) helm
+	@[ -n "$(VERSION)" ] || { echo "release: VERSION=x.y.z is required" >&2; exit 1; }
+	HELM="$$(hack/ensure-helm.sh 3)" $(PY) hack/release.py build "$(VERSION)" --out "$(RELEASE_DIR)" \
+	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(filter 0,$(RELEASE_TAG)),--no-tag)
 
 # The demo on a real control plane when one is at hand (gpu_stack_dev.demo_live: chart installed, real kubectl),
 # else offline (hack/demo.py); its first line says which.

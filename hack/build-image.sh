@@ -12,11 +12,15 @@
 # Environment (all optional):
 #   PYTHON_IMAGE   the base image, passed as the Dockerfile's build argument of that name (default in the
 #                  Dockerfile: python:3.11-slim-bookworm). Only the base may differ; the Dockerfile is the same.
-#   CA_BUNDLE      a CA bundle file the build's RUN steps trust instead of the base's own (a TLS-inspecting
-#                  proxy between the build and the package index); podman and buildah mount it read-only at
-#                  /etc/ssl/certs/ca-certificates.crt for the build only: it is not in the image.
-#   IMAGE_ARCHIVE  also write the image to this file as a docker-archive tarball (`ctr images import`,
-#                  `docker load`, `kind load image-archive` read it).
+#   CA_BUNDLE      a CA bundle file the build's RUN steps that download trust instead of the base's own (a
+#                  TLS-inspecting proxy between the build and the package index), passed to every engine as
+#                  the build secret `ca_bundle` (--secret id=ca_bundle,src=...): the Dockerfile mounts it at
+#                  /etc/ssl/certs/ca-certificates.crt for those steps only (RUN --mount=type=secret); it is not
+#                  in the image.
+#   IMAGE_ARCHIVE  also write the image to this file as a tarball: a docker-archive (`ctr images import`,
+#                  `docker load`, `kind load image-archive` read it), or with IMAGE_ARCHIVE_FORMAT=oci-archive an
+#                  OCI image layout (what `make release` ships; skopeo copies it to a registry). docker save
+#                  writes one tarball that is both (Docker >= 25).
 # Bash builtins only (besides the engine), so that tests can run it with a PATH of fake engines.
 set -euo pipefail
 
@@ -52,6 +56,11 @@ usable() {
   return 1
 }
 
+case "${IMAGE_ARCHIVE_FORMAT:-docker-archive}" in
+  docker-archive | oci-archive) ;;
+  *) echo "build-image: IMAGE_ARCHIVE_FORMAT=$IMAGE_ARCHIVE_FORMAT: docker-archive or oci-archive" >&2; exit 1 ;;
+esac
+
 cd "$root"
 tried=()
 for engine in docker podman buildah; do
@@ -65,19 +74,15 @@ for engine in docker podman buildah; do
   fi
   [[ -n "${PYTHON_IMAGE:-}" ]] && command+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
   if [[ -n "${CA_BUNDLE:-}" ]]; then
-    if [[ "$engine" == docker ]]; then
-      echo "build-image: CA_BUNDLE needs podman or buildah (docker build mounts no files into RUN steps)" >&2
-      exit 1
-    fi
     [[ -f "$CA_BUNDLE" ]] || { echo "build-image: CA_BUNDLE=$CA_BUNDLE is not a file" >&2; exit 1; }
-    command+=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro")
+    command+=(--secret "id=ca_bundle,src=$CA_BUNDLE")
   fi
   command+=(-f webhook/Dockerfile -t "$image" webhook)
   echo "+ ${command[*]}" >&2
   "${command[@]}"
   if [[ -n "${IMAGE_ARCHIVE:-}" ]]; then
-    if [[ "$engine" == buildah ]]; then
-      save=(buildah push --quiet "$image" "docker-archive:$IMAGE_ARCHIVE:$image")
+    if [[ "$engine" != docker ]]; then
+      save=("$engine" push --quiet "$image" "${IMAGE_ARCHIVE_FORMAT:-docker-archive}:$IMAGE_ARCHIVE:$image")
     else
       save=("$engine" save -o "$IMAGE_ARCHIVE" "$image")
     fi

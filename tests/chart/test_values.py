@@ -74,6 +74,7 @@ EXAMPLES: dict[str, Any] = {
     # "" follows failurePolicy (Fail: deny), so "deny" alone changes nothing
     "webhook.policy.dra.unresolvedClaims": "warn",
     "webhook.policySource.interval": "5s",
+    "webhook.image.digest": "sha256:" + "0" * 64,
 }
 
 

@@ -230,12 +230,32 @@ def test_image_repository_and_tag_from_values(helm: int) -> None:
         assert [i for i in _images(objs) if "gpu-stack-webhook" in i] == [image]
 
 
+@pytest.mark.parametrize(("values", "image"), [
+    ({"webhook.image.repository": "ghcr.io/gpu-stack/gpu-stack-webhook",
+      "webhook.image.registry": "mirror.example:5000"},
+     f"mirror.example:5000/gpu-stack/gpu-stack-webhook:{APP_VERSION}"),
+    ({"webhook.image.repository": "localhost/gpu-stack-webhook", "webhook.image.registry": "mirror.example"},
+     f"mirror.example/gpu-stack-webhook:{APP_VERSION}"),
+    ({"webhook.image.repository": "team/gpu-stack-webhook", "webhook.image.registry": "mirror.example"},
+     f"mirror.example/team/gpu-stack-webhook:{APP_VERSION}"),
+    ({"webhook.image.repository": "r.example/gpu-stack-webhook", "webhook.image.tag": "9.9.9",
+      "webhook.image.digest": "sha256:" + "ab" * 32}, "r.example/gpu-stack-webhook@sha256:" + "ab" * 32),
+])
+def test_a_mirror_registry_and_a_digest(helm: int, values: dict[str, str], image: str) -> None:
+    objs = render(helm, set_json=values).objects()
+    (container,) = one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == image
+
+
 @pytest.mark.parametrize(("key", "value"), [
     ("repository", "registry.example.com/gpu-stack-webhook:0.1.0"),  # the tag belongs in webhook.image.tag
     ("repository", "registry.example.com/gpu-stack-webhook@sha256:0123"),
     ("repository", "Registry/GPU"),
     ("tag", "-dev"),
     ("tag", "0.1.0 "),
+    ("registry", "mirror.example/path"),
+    ("digest", "sha256:0123"),
+    ("digest", "0.1.0"),
 ])
 def test_image_values_are_checked_by_the_schema(helm: int, key: str, value: str) -> None:
     failed = run_helm(helm, template_args(set_json={f"webhook.image.{key}": value}))

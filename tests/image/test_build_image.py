@@ -119,20 +119,50 @@ def test_base_ca_bundle_and_archive_reach_buildah(tmp_path: Path) -> None:
     calls = (tmp_path / "buildah.calls").read_text().splitlines()
     assert calls == [
         f"{ROOT} info",
-        f"{ROOT} bud --build-arg PYTHON_IMAGE=localhost/python-standin:3.11 --volume "
-        f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro -f webhook/Dockerfile "
-        "-t localhost/gpu-stack-webhook:e2e webhook",
+        f"{ROOT} bud --build-arg PYTHON_IMAGE=localhost/python-standin:3.11 --secret id=ca_bundle,src={bundle} "
+        "-f webhook/Dockerfile -t localhost/gpu-stack-webhook:e2e webhook",
         f"{ROOT} push --quiet localhost/gpu-stack-webhook:e2e "
         f"docker-archive:{tmp_path}/image.tar:localhost/gpu-stack-webhook:e2e"]
 
 
-def test_docker_cannot_take_a_ca_bundle(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engine", "build"), [("docker", "build"), ("podman", "build"), ("buildah", "bud")])
+def test_every_engine_takes_the_ca_bundle_as_a_build_secret(tmp_path: Path, engine: str, build: str) -> None:
     bundle = tmp_path / "ca.crt"
     bundle.write_text("x")
     proc = subprocess.run([BASH, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False,
-                          env={"PATH": fake_path(tmp_path, ("docker",)), "CA_BUNDLE": str(bundle)})
+                          env={"PATH": fake_path(tmp_path, (engine,)), "CA_BUNDLE": str(bundle)})
+    assert proc.returncode == 0, proc.stderr
+    assert recorded(tmp_path) == {engine: (str(ROOT), [
+        build, "--secret", f"id=ca_bundle,src={bundle}", "-f", "webhook/Dockerfile", "-t", DEFAULT_IMAGE, "webhook"])}
+
+
+def test_the_dockerfile_mounts_the_secret_where_downloads_look() -> None:
+    """Every RUN step that downloads (pip install from the index, apt-get) mounts the `ca_bundle` secret over
+    the system bundle; the steps that do not, do not."""
+    steps = " ".join((ROOT / "webhook" / "Dockerfile").read_text().replace("\\\n", " ").split("\n")).split(" RUN ")
+    mount = "--mount=type=secret,id=ca_bundle,target=/etc/ssl/certs/ca-certificates.crt"
+    downloading = [s for s in steps if "pip install --no-deps -r" in s or "apt-get update" in s]
+    assert len(downloading) == 2
+    assert all(s.split()[0] == mount for s in downloading)
+
+
+@pytest.mark.parametrize("engine", ["podman", "buildah"])
+def test_an_oci_archive_is_written_by_push(tmp_path: Path, engine: str) -> None:
+    proc = subprocess.run([BASH, str(SCRIPT), "r.example/w:1.0.0"], capture_output=True, text=True, timeout=60,
+                          check=False, env={"PATH": fake_path(tmp_path, (engine,)),
+                                            "IMAGE_ARCHIVE": str(tmp_path / "w.tar"),
+                                            "IMAGE_ARCHIVE_FORMAT": "oci-archive"})
+    assert proc.returncode == 0, proc.stderr
+    assert recorded(tmp_path)[engine][1] == ["push", "--quiet", "r.example/w:1.0.0",
+                                             f"oci-archive:{tmp_path}/w.tar:r.example/w:1.0.0"]
+
+
+def test_an_unknown_archive_format_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([BASH, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": fake_path(tmp_path, ("buildah",)), "IMAGE_ARCHIVE_FORMAT": "tar"})
     assert (proc.returncode, proc.stderr.strip()) == (
-        1, "build-image: CA_BUNDLE needs podman or buildah (docker build mounts no files into RUN steps)")
+        1, "build-image: IMAGE_ARCHIVE_FORMAT=tar: docker-archive or oci-archive")
+    assert recorded(tmp_path) == {}
 
 
 def test_a_failing_build_fails(tmp_path: Path) -> None:

@@ -19,13 +19,27 @@
 {{- toYaml (uniq $names) }}
 {{- end }}
 
-{{/* Webhook image "repository:tag"; the tag defaults to the chart's appVersion. No repository: validate.yaml
-stops an install (Helm talks to a cluster), and a render without one (helm template, Argo CD) names a
-registry under the reserved .invalid domain that says what to set, so the diff shows it and the kubelet's
-pull error names it. */}}
+{{/* Webhook image "repository:tag", or "repository@digest" when webhook.image.digest is set; the tag defaults
+to the chart's appVersion. webhook.image.registry (a mirror) replaces the repository's registry host, or
+prefixes a repository without one. No repository: validate.yaml stops an install (Helm talks to a cluster),
+and a render without one (helm template, Argo CD) names a registry under the reserved .invalid domain that
+says what to set, so the diff shows it and the kubelet's pull error names it. */}}
 {{- define "gpu-stack.webhook.image" -}}
 {{- $img := .Values.webhook.image }}
-{{- include "gpu-stack.image" (dict "repository" ($img.repository | default "set-webhook-image-repository.invalid/gpu-stack-webhook") "tag" ($img.tag | default .Chart.AppVersion)) }}
+{{- $repository := $img.repository | default "set-webhook-image-repository.invalid/gpu-stack-webhook" }}
+{{- if $img.registry }}
+{{- $parts := splitn "/" 2 $repository }}
+{{- $first := $parts._0 }}
+{{- if and $parts._1 (or (contains "." $first) (contains ":" $first) (eq "localhost" $first)) }}
+{{- $repository = $parts._1 }}
+{{- end }}
+{{- $repository = printf "%s/%s" $img.registry $repository }}
+{{- end }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $repository $img.digest }}
+{{- else }}
+{{- include "gpu-stack.image" (dict "repository" $repository "tag" ($img.tag | default .Chart.AppVersion)) }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,74 @@
+"""A throwaway checkout to cut releases in: the files `hack/release.py` reads, committed in a git repository
+of its own, and a PATH whose only image engine is a fake buildah that writes a small OCI archive (its
+manifest digest depends on the image name, so two versions get two digests)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COPIED = ("hack/release.py", "hack/build-image.sh", "charts/gpu-stack", "webhook", "CHANGELOG.md", "LICENSE")
+FAKE_BUILDAH = f"""#!{sys.executable}
+import hashlib, io, json, sys, tarfile
+args = sys.argv[1:]
+if args[:1] == ["push"]:
+    transport, path, name = args[-1].split(":", 2)
+    assert transport == "oci-archive", transport
+    digest = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+    index = json.dumps({{"schemaVersion": 2, "manifests": [
+        {{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": 1,
+          "annotations": {{"org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}}}]}}).encode()
+    with tarfile.open(path, "w") as tar:
+        for member, data in (("oci-layout", b'{{"imageLayoutVersion": "1.0.0"}}'), ("index.json", index)):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def make_checkout(where: Path) -> Path:
+    repo = where / "checkout"
+    for relative in COPIED:
+        source, target = ROOT / relative, repo / relative
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True,
+                            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (repo / ".gitignore").write_text("dist/\n")
+    git(repo, "init", "--quiet", "--initial-branch=main")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "add", "-A")
+    commit(repo, "the checkout")
+    return repo
+
+
+def commit(repo: Path, message: str) -> None:
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "--quiet", "-am", message)
+
+
+def engine_path(where: Path) -> str:
+    """PATH: the fake buildah first (no docker or podman found before it), then the system's tools."""
+    fakes = where / "fakes"
+    fakes.mkdir(exist_ok=True)
+    (fakes / "buildah").write_text(FAKE_BUILDAH)
+    (fakes / "buildah").chmod(0o755)
+    for absent in ("docker", "podman"):
+        (fakes / absent).write_text("#!/bin/sh\necho 'cannot connect' >&2\nexit 1\n")
+        (fakes / absent).chmod(0o755)
+    return f"{fakes}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def run_release(repo: Path, path: str, *args: str, helm: str = "helm") -> subprocess.CompletedProcess[str]:
+    env = {"PATH": path, "HOME": str(repo.parent), "HELM": helm,
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run([sys.executable, str(repo / "hack" / "release.py"), *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)

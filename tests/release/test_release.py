@@ -1,0 +1,211 @@
+"""`make release VERSION=x.y.z` (hack/release.py) in a throwaway checkout (tests/release/checkout.py): what a
+release writes, read back the way a user reads it (helm renders the package, sha256sum checks the sums, the
+wheel installs and runs), and what it refuses. The image build is a fake buildah here; `make e2e` pushes a
+real release to a registry and installs it on a node (tests/e2e/node/test_registry.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpu_stack_dev.chartlib import helm_path, load_all_strict
+
+from tests.release.checkout import ROOT, commit, engine_path, git, make_checkout, run_release
+
+VERSION = "0.2.0"
+REPOSITORY = "ghcr.io/gpu-stack/gpu-stack-webhook"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """(checkout, release directory, the build's process): prepare 0.2.0, commit, build."""
+    where = tmp_path_factory.mktemp("release")
+    repo, path = make_checkout(where), engine_path(where)
+    prepared = run_release(repo, path, "prepare", VERSION)
+    assert prepared.returncode == 0, prepared.stderr
+    commit(repo, f"gpu-stack {VERSION}")
+    built = run_release(repo, path, "build", VERSION, helm=helm_path(3))
+    assert built.returncode == 0, built.stderr
+    return repo, repo / "dist" / VERSION, built
+
+
+def chart_file(package: Path, name: str) -> Any:
+    with tarfile.open(package) as tar:
+        member = tar.extractfile(f"gpu-stack/{name}")
+        assert member is not None
+        return yaml.safe_load(member.read())
+
+
+def webhook_image(package: Path, *sets: str) -> str:
+    args = [helm_path(3), "template", "gpu-stack", str(package), "--namespace", "gpu-stack"]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    (deployment,) = [d for d in load_all_strict(out) if d and d["kind"] == "Deployment"
+                     and d["metadata"]["name"].endswith("webhook")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return str(container["image"])
+
+
+def test_a_release_writes_its_artifacts_and_tags_the_commit(released: tuple[Path, Path, Any]) -> None:
+    repo, out, built = released
+    assert sorted(p.name for p in out.iterdir()) == sorted([
+        "SHA256SUMS", f"gpu-stack-{VERSION}.tgz", f"gpu-stack-webhook-{VERSION}.oci.tar",
+        f"gpu-stack-webhook-{VERSION}.digest", f"gpu_stack_webhook-{VERSION}-py3-none-any.whl",
+        f"kubectl-gpu_stack-{VERSION}.tar.gz", "gpu-stack.yaml"])
+    assert built.stdout.strip() == f"release: {VERSION} in {out}, tagged v{VERSION}"
+    assert git(repo, "describe", "--tags", "--exact-match").strip() == f"v{VERSION}"
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert len(check.stdout.splitlines()) == 6
+
+
+def test_the_digest_is_the_archives_manifest(released: tuple[Path, Path, Any]) -> None:
+    _, out, _ = released
+    with tarfile.open(out / f"gpu-stack-webhook-{VERSION}.oci.tar") as tar:
+        member = tar.extractfile("index.json")
+        assert member is not None
+        (manifest,) = json.load(member)["manifests"]
+    assert (out / f"gpu-stack-webhook-{VERSION}.digest").read_text() == manifest["digest"] + "\n"
+    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == VERSION
+
+
+def test_the_chart_package_names_the_released_image(released: tuple[Path, Path, Any]) -> None:
+    _, out, _ = released
+    package = out / f"gpu-stack-{VERSION}.tgz"
+    chart = chart_file(package, "Chart.yaml")
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    assert chart_file(package, "values.yaml")["webhook"]["image"] == {
+        "registry": "", "repository": REPOSITORY, "tag": "", "digest": "", "pullPolicy": "IfNotPresent"}
+    assert webhook_image(package) == f"{REPOSITORY}:{VERSION}"  # no image flags
+    assert webhook_image(package, "webhook.image.registry=mirror.example:5000") == (
+        f"mirror.example:5000/gpu-stack/gpu-stack-webhook:{VERSION}")
+    digest = (out / f"gpu-stack-webhook-{VERSION}.digest").read_text().strip()
+    assert webhook_image(package, f"webhook.image.digest={digest}") == f"{REPOSITORY}@{digest}"
+
+
+def test_the_chart_carries_artifacthub_annotations(released: tuple[Path, Path, Any]) -> None:
+    _, out, _ = released
+    annotations = chart_file(out / f"gpu-stack-{VERSION}.tgz", "Chart.yaml")["annotations"]
+    digest = (out / f"gpu-stack-webhook-{VERSION}.digest").read_text().strip()
+    images = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert images[0] == {"name": "gpu-stack-webhook", "image": f"{REPOSITORY}:{VERSION}@{digest}"}
+    assert {"name": "devicePlugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"} in images
+    assert annotations["artifacthub.io/license"] == "Apache-2.0"
+    assert annotations["artifacthub.io/prerelease"] == "false"
+    changes = yaml.safe_load(annotations["artifacthub.io/changes"])
+    unreleased = (ROOT / "CHANGELOG.md").read_text().split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    entries = [line for line in unreleased.splitlines() if line.startswith("- ")]
+    assert len(changes) == len(entries) > 0
+    assert all(c["kind"] in {"added", "changed", "deprecated", "removed", "fixed", "security"} for c in changes)
+    assert [c["description"][:30] for c in changes] == [e[2:32] for e in entries]
+
+
+def test_prepare_started_the_changelog_section(released: tuple[Path, Path, Any]) -> None:
+    repo, _, _ = released
+    changelog = (repo / "CHANGELOG.md").read_text()
+    unreleased, rest = changelog.split("## [Unreleased]\n", 1)[1].split(f"## [{VERSION}] - ", 1)
+    assert unreleased.strip() == ""
+    assert rest.split("\n## [", 1)[0].count("\n- ") >= 1
+
+
+def test_the_krew_manifest_points_at_the_plugin_archive(released: tuple[Path, Path, Any]) -> None:
+    _, out, _ = released
+    manifest = yaml.safe_load((out / "gpu-stack.yaml").read_text())
+    assert (manifest["apiVersion"], manifest["kind"], manifest["metadata"]) == (
+        "krew.googlecontainertools.github.com/v1alpha2", "Plugin", {"name": "gpu-stack"})
+    spec = manifest["spec"]
+    assert spec["version"] == f"v{VERSION}"
+    assert spec["shortDescription"] and spec["homepage"].startswith("https://")
+    (platform,) = spec["platforms"]
+    archive = out / f"kubectl-gpu_stack-{VERSION}.tar.gz"
+    assert platform["uri"].endswith(f"/v{VERSION}/{archive.name}")
+    sums = dict(reversed(line.split("  ")) for line in (out / "SHA256SUMS").read_text().splitlines())
+    assert platform["sha256"] == sums[archive.name]
+    # krew links kubectl-<name, dashes as underscores> to `bin`, which must be in the archive, executable
+    assert platform["bin"] == "kubectl-gpu_stack"
+    with tarfile.open(archive) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+    assert names["kubectl-gpu_stack"].mode & 0o111
+    assert f"gpu_stack_webhook-{VERSION}-py3-none-any.whl" in names
+
+
+def test_the_wheel_installs_the_kubectl_plugin(released: tuple[Path, Path, Any], tmp_path: Path) -> None:
+    _, out, _ = released
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    own = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    Path(own, "deps.pth").write_text(f"import site; site.addsitedir({deps!r})\n")  # the dependencies pipx would fetch
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+                    "--no-deps", "--ignore-installed", str(out / f"gpu_stack_webhook-{VERSION}-py3-none-any.whl")],
+                   check=True)
+    shown = subprocess.run([str(venv / "bin" / "kubectl-gpu_stack"), "--help"], capture_output=True, text=True,
+                           check=False, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "inspect" in shown.stdout
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> tuple[Path, str]:
+    return make_checkout(tmp_path), engine_path(tmp_path)
+
+
+def refused(repo: Path, path: str, *args: str) -> str:
+    proc = run_release(repo, path, "build", *args, helm=shutil.which("true") or "true")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert not (repo / "dist").exists()
+    assert git(repo, "tag", "--list") == ""
+    return proc.stderr.strip()
+
+
+def test_a_dirty_tree_is_refused(checkout: tuple[Path, str]) -> None:
+    repo, path = checkout
+    with (repo / "charts" / "gpu-stack" / "values.yaml").open("a") as f:
+        f.write("# local change\n")
+    assert refused(repo, path, "0.1.0") == (
+        "release: the working tree has uncommitted changes (charts/gpu-stack/values.yaml): a release is built "
+        "from a commit and tagged; commit or stash them first")
+
+
+def test_an_image_tag_other_than_the_chart_version_is_refused(checkout: tuple[Path, str]) -> None:
+    repo, path = checkout
+    assert refused(repo, path, "0.1.0", "--image", "registry.example:5000/gpu-stack-webhook:0.0.9") == (
+        "release: the image tag 0.0.9 of registry.example:5000/gpu-stack-webhook:0.0.9 does not match the chart "
+        "version 0.1.0: the chart's default webhook image tag is its version; drop IMAGE or tag it "
+        "registry.example:5000/gpu-stack-webhook:0.1.0")
+
+
+def test_a_version_the_tree_does_not_carry_is_refused(checkout: tuple[Path, str]) -> None:
+    repo, path = checkout
+    assert refused(repo, path, "0.3.0") == (
+        "release: the chart version does not match 0.3.0: charts/gpu-stack/Chart.yaml version is 0.1.0; "
+        "charts/gpu-stack/Chart.yaml appVersion is 0.1.0; webhook/pyproject.toml version is 0.1.0; "
+        "gpu_stack_webhook.__version__ is 0.1.0. Run `make release-prepare VERSION=0.3.0`, review and commit "
+        "(CONTRIBUTING.md, \"Releasing\")")
+
+
+def test_a_version_without_a_changelog_section_is_refused(checkout: tuple[Path, str]) -> None:
+    repo, path = checkout
+    changelog = repo / "CHANGELOG.md"
+    changelog.write_text(changelog.read_text().replace("## [0.1.0]", "## [0.0.1]"))
+    commit(repo, "no 0.1.0 section")
+    assert refused(repo, path, "0.1.0").startswith("release: CHANGELOG.md has no section `## [0.1.0]`")
+
+
+def test_not_a_version_is_refused(checkout: tuple[Path, str]) -> None:
+    repo, path = checkout
+    assert refused(repo, path, "v1.2") == "release: VERSION='v1.2' is not a semantic version x.y.z (or x.y.z-pre)"
