@@ -34,7 +34,7 @@ DOCS_DIR = "docs"
 
 # The first word of a command line (after VAR=value assignments).
 TOOLS = frozenset({"helm", "kubectl", "make", "docker", "podman", "buildah", "pip", "python", "ls",
-                   ".venv/bin/python", ".venv/bin/pip", "gpu-stack-webhook"})
+                   ".venv/bin/python", ".venv/bin/pip", "gpu-stack-webhook", "pipx"})
 SHELL_FENCES = frozenset({"console", "sh", "bash", "shell"})
 
 # Placeholders a user replaces, and what the tests type instead. `<overlay>` stands for every overlay.
@@ -43,6 +43,7 @@ SUBSTITUTES = {
     "<tag>": "0.1.0",
     "<config>": "default",
     "<namespace>": "default",
+    "<version>": "0.1.0",
 }
 PLACEHOLDER = re.compile(r"<[^<>]+>")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

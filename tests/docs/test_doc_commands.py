@@ -94,11 +94,17 @@ SERVED = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmission
           "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
 
 
+RELEASED_CHART = "oci://ghcr.io/gpu-stack/charts/gpu-stack"
+
+
 def render_as_typed(words: list[str]) -> subprocess.CompletedProcess[str]:
     """A `helm install` or `helm upgrade` line as `helm template` of the same release, chart and values, as
     against a 1.36 API server (SERVED). --reuse-values has no release to reuse here, and the checks that
     need a cluster do not run: tests/e2e/test_doc_commands_live.py runs the lines against one."""
     args = [a for a in words[2:] if a not in ("--reuse-values", "--install", "--create-namespace")]
+    if RELEASED_CHART in args:  # a release's chart is this one, packaged (tests/release/test_release.py)
+        at = args.index("--version")
+        args = [str(CHART) if a == RELEASED_CHART else a for a in args[:at] + args[at + 2:]]
     argv = [helm(), "template", *args, *SERVED]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
 
