@@ -146,7 +146,7 @@ def test_the_wheel_installs_the_kubectl_plugin(released: tuple[Path, Path, Any],
     own = subprocess.run([str(venv / "bin" / "python"), "-c",
                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          check=True, capture_output=True, text=True).stdout.strip()
-    Path(own, "deps.pth").write_text(f"import site; site.addsitedir({deps!r})\n")  # the dependencies pipx would fetch
+    Path(own, "deps.pth").write_text(deps + "\n")  # the dependencies pipx would fetch, from this venv
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
                     "--no-deps", "--ignore-installed", str(out / f"gpu_stack_webhook-{VERSION}-py3-none-any.whl")],
                    check=True)
