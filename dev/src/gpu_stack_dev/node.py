@@ -87,6 +87,8 @@ class Node:
         self.device_plugin_dir = self.dir / "device-plugins"
         self.busybox_image = BUSYBOX_IMAGE
         self.nvidia_runtime_log = self.dir / "nvidia-runtime.jsonl"
+        # containerd's per-registry hosts.toml files (gpu_stack_dev.registry writes one), read at each pull
+        self.registry_config_dir = self.dir / "certs.d"
 
     @property
     def node_name(self) -> str:
@@ -177,6 +179,7 @@ class Node:
     def _start_containerd(self) -> None:
         cni = self.dir / "cni"
         cni.mkdir(exist_ok=True)
+        self.registry_config_dir.mkdir(exist_ok=True)
         (cni / "10-gpu-stack-e2e.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "gpu-stack-e2e", "plugins": [
                 {"type": "bridge", "bridge": "gse2e0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
@@ -205,6 +208,8 @@ state = "{self.dir}/containerd/state"
 {runtimes}[{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{cni}"
+[{cri}.registry]
+  config_path = "{self.registry_config_dir}"
 """)
         self._spawn("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")],
                     env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state"),
