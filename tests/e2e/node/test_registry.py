@@ -83,8 +83,8 @@ def helm_from_registry(cluster: E2ECluster, published: Published, verb: str, rel
 
 
 def running_images(cluster: E2ECluster, release: Release) -> set[tuple[str, str]]:
-    """(spec image, imageID the node runs) of each live webhook pod."""
-    return {(c["image"], c["imageID"]) for p in webhook_pods(cluster, release)
+    """(the image the pod asks for, the imageID the node runs) of each live webhook pod."""
+    return {(p["spec"]["containers"][0]["image"], c["imageID"]) for p in webhook_pods(cluster, release)
             if not p["metadata"].get("deletionTimestamp") for c in p["status"].get("containerStatuses", [])}
 
 
