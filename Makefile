@@ -97,8 +97,9 @@ e2e: $(STAMP) helm
 	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip" >&2; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
-# The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with buildah
-# (Debian's, installed by hack/ensure-node.sh), on a stand-in base made from Debian packages
+# The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with the first engine
+# that can build (buildah, Debian's, installed by hack/ensure-node.sh, where docker has no daemon; a working
+# docker gets the base copied into it), on a stand-in base made from Debian packages
 # (hack/image/standin-base.sh: no registry serves python:3.11-slim-bookworm here), trusting the CA bundle
 # pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import.
 E2E_IMAGE ?= localhost/gpu-stack-webhook:e2e
@@ -107,6 +108,7 @@ e2e-image:
 	@hack/ensure-node.sh
 	@mkdir -p $(dir $(E2E_IMAGE_ARCHIVE)) && rm -f $(E2E_IMAGE_ARCHIVE)
 	@base="$$(hack/image/standin-base.sh)" && \
+	  if docker info >/dev/null 2>&1; then buildah push --quiet "$$base" "docker-daemon:$$base" >&2; fi && \
 	  BUILDAH_ISOLATION=chroot BUILDAH_LAYERS=true PYTHON_IMAGE="$$base" IMAGE_ARCHIVE="$(E2E_IMAGE_ARCHIVE)" \
 	  CA_BUNDLE="$${CA_BUNDLE:-$${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}" \
 	  $(MAKE) --no-print-directory image IMAGE=$(E2E_IMAGE)

@@ -83,7 +83,7 @@ real, source = os.environ["REAL_BUILDAH"], os.environ["PREBUILT_IMAGE"]
 args = sys.argv[1:]
 if args[:1] == ["bud"]:
     image = args[args.index("-t") + 1]
-    container = subprocess.run([real, "from", "--pull-never", "--quiet", source], check=True,
+    container = subprocess.run([real, "from", "--quiet", source], check=True,
                                capture_output=True, text=True).stdout.strip()
     try:
         subprocess.run([real, "config", "--label", "org.opencontainers.image.version=" + image.rsplit(":", 1)[1],
@@ -98,7 +98,9 @@ os.execv(real, [real, *args])
 
 def prebuilt_engine_path(where: Path, source_image: str) -> tuple[str, dict[str, str]]:
     """(PATH, environment) for `hack/release.py build` that takes the image `make e2e-image` built instead of
-    building it again (the same Dockerfile; minutes saved): `make e2e` releases it into its registry."""
+    building it again (the same Dockerfile; minutes saved): `make e2e` releases it into its registry.
+    `source_image` is any reference buildah reads, e.g. docker-archive:<the archive e2e-image wrote>, which
+    every engine writes."""
     real = shutil.which("buildah")
     assert real, "buildah is not installed (hack/ensure-node.sh)"
     path = engine_path(where)

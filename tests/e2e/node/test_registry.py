@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 from gpu_stack_dev import node
 from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases, unique
-from gpu_stack_dev.e2e.node_install import IMAGE, INSTALL_SET, webhook_pods
+from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE, INSTALL_SET, webhook_pods
 from gpu_stack_dev.registry import Registry
 
 from tests.release.checkout import commit, make_checkout, prebuilt_engine_path, run_release
@@ -44,7 +44,7 @@ def published(real_node: node.Node, cluster: E2ECluster,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
     where = tmp_path_factory.mktemp("registry-release")
     repo = make_checkout(where)
-    path, env = prebuilt_engine_path(where, IMAGE)
+    path, env = prebuilt_engine_path(where, f"docker-archive:{IMAGE_ARCHIVE}")
     started = time.monotonic()
     for version in (PREVIOUS, NEW):
         if version == NEW:
@@ -155,7 +155,7 @@ def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
                                     f"webhook.imagePullSecrets[0].name={secret}", wait="90s", check=False)
         waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
                    for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
-        assert waiting, explain_pods(cluster, release.namespace)
+        assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
         assert {w["reason"] for w in waiting} <= {"ErrImagePull", "ImagePullBackOff"}, waiting
         events = cluster.get_json("events", "-n", release.namespace,
                                   "--field-selector", "reason=Failed")["items"]
