@@ -88,6 +88,32 @@ def running_images(cluster: E2ECluster, release: Release) -> set[tuple[str, str]
             if not p["metadata"].get("deletionTimestamp") for c in p["status"].get("containerStatuses", [])}
 
 
+def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
+        cluster: E2ECluster, published: Published) -> None:
+    # before `from_registry` exists: a second release would collide with its cluster-scoped objects
+    helper = Releases(cluster)
+    release = Release("wrong-secret", cluster.create_namespace(unique("wrong-secret")))
+    helper.namespaces.append(release.namespace)
+    helper.installed.append(release)
+    try:
+        secret = published.registry.pull_secret(cluster, release.namespace, password="not-the-password")
+        failed = helm_from_registry(cluster, published, "install", release, NEW,
+                                    f"webhook.imagePullSecrets[0].name={secret}", wait="45s", check=False)
+        waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
+                   for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
+        assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
+        assert {w["reason"] for w in waiting} <= {"ErrImagePull", "ImagePullBackOff"}, waiting
+        events = cluster.get_json("events", "-n", release.namespace,
+                                  "--field-selector", "reason=Failed")["items"]
+        pull_errors = [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
+        assert any("401 Unauthorized" in m for m in pull_errors), pull_errors
+        # Helm names the Deployment its wait gave up on; the pull error is the pods' (kubectl describe)
+        assert (f"resource Deployment/{release.namespace}/{release.fullname}-webhook not ready. status: "
+                "InProgress, message: Available: 0/2") in failed, failed
+    finally:
+        helper.cleanup()
+
+
 @pytest.fixture(scope="module")
 def from_registry(cluster: E2ECluster, published: Published) -> Iterator[Release]:
     """The previous release installed from the registry with a pull secret: no image flag but the mirror."""
@@ -141,31 +167,6 @@ def test_an_upgrade_to_the_pinned_new_release_keeps_the_webhook_answering_and_ro
     assert running_images(cluster, from_registry) == {
         (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
     cluster.kubectl("delete", "namespace", load_namespace, "--wait=false")
-
-
-def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
-        cluster: E2ECluster, published: Published) -> None:
-    helper = Releases(cluster)
-    release = Release("wrong-secret", cluster.create_namespace(unique("wrong-secret")))
-    helper.namespaces.append(release.namespace)
-    helper.installed.append(release)
-    try:
-        secret = published.registry.pull_secret(cluster, release.namespace, password="not-the-password")
-        failed = helm_from_registry(cluster, published, "install", release, NEW,
-                                    f"webhook.imagePullSecrets[0].name={secret}", wait="90s", check=False)
-        waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
-                   for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
-        assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
-        assert {w["reason"] for w in waiting} <= {"ErrImagePull", "ImagePullBackOff"}, waiting
-        events = cluster.get_json("events", "-n", release.namespace,
-                                  "--field-selector", "reason=Failed")["items"]
-        pull_errors = [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
-        assert any("401 Unauthorized" in m for m in pull_errors), pull_errors
-        print(f"helm install --wait said:\n{failed}")
-        assert failed
-        assert f"{release.name}-gpu-stack-webhook" in failed or "webhook" in failed, failed
-    finally:
-        helper.cleanup()
 
 
 def test_the_registry_fixture_takes_any_image_archive(published: Published, real_node: node.Node) -> None:
