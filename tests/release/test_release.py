@@ -209,3 +209,16 @@ def test_a_version_without_a_changelog_section_is_refused(checkout: tuple[Path, 
 def test_not_a_version_is_refused(checkout: tuple[Path, str]) -> None:
     repo, path = checkout
     assert refused(repo, path, "v1.2") == "release: VERSION='v1.2' is not a semantic version x.y.z (or x.y.z-pre)"
+
+
+def test_make_release_passes_version_image_and_tag_choice() -> None:
+    make = shutil.which("make") or "make"
+    shown = subprocess.run([make, "-n", "--no-print-directory", "-C", str(ROOT), "release", "VERSION=1.2.3",
+                            "IMAGE=r.example/w:1.2.3", "RELEASE_TAG=0", "RELEASE_DIR=out"], capture_output=True,
+                           text=True, check=True).stdout
+    assert 'hack/release.py build "1.2.3" --out "out" --image "r.example/w:1.2.3" --no-tag' in " ".join(
+        shown.replace("\\\n", " ").split())
+    missing = subprocess.run([make, "--no-print-directory", "-C", str(ROOT), "release"], capture_output=True,
+                             text=True, check=False)
+    assert missing.returncode != 0
+    assert "release: VERSION=x.y.z is required" in missing.stderr
