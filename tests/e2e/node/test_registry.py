@@ -12,6 +12,7 @@ with the version label (a digest each) instead of being built twice; everything 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ def published(real_node: node.Node, cluster: E2ECluster,
             assert prepared.returncode == 0, prepared.stderr
             commit(repo, f"gpu-stack {version}")
         built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
+        subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
         assert built.returncode == 0, built.stdout + built.stderr
     with Registry(where / "registry", host_ip=real_node.ip) as registry:
         registry.trust_from(real_node)
