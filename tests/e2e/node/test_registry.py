@@ -144,6 +144,8 @@ def test_the_node_pulls_the_released_image_with_the_pull_secret(
         (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
     pod = webhook_pods(cluster, from_registry)[0]
     assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-pull"}]
+    pulled = cluster.get_json("events", "-n", from_registry.namespace, "--field-selector", "reason=Pulled")["items"]
+    print("\n".join(e["message"] for e in pulled))  # the kubelet's "Successfully pulled image ... in <time>"
     listed = real_node.ctr("images", "ls", "-q").stdout.split()
     assert f"{image}:{PREVIOUS}" in listed  # pulled by name through the registry, not imported
 
