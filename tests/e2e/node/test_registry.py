@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 from gpu_stack_dev import node
 from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases, unique
-from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE, INSTALL_SET, webhook_pods
+from gpu_stack_dev.e2e.node_install import IMAGE, IMAGE_ARCHIVE, INSTALL_SET, webhook_pods
 from gpu_stack_dev.registry import Registry
 
 from tests.release.checkout import commit, make_checkout, prebuilt_engine_path, run_release
@@ -45,7 +45,9 @@ def published(real_node: node.Node, cluster: E2ECluster,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
     where = tmp_path_factory.mktemp("registry-release")
     repo = make_checkout(where)
-    path, env = prebuilt_engine_path(where, f"docker-archive:{IMAGE_ARCHIVE}")
+    # the image in buildah's storage when buildah built it (no import), else the archive any engine writes
+    in_storage = subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True, check=False)
+    path, env = prebuilt_engine_path(where, IMAGE if in_storage.returncode == 0 else f"docker-archive:{IMAGE_ARCHIVE}")
     started = time.monotonic()
     for version in (PREVIOUS, NEW):
         if version == NEW:
@@ -100,7 +102,7 @@ def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
     try:
         secret = published.registry.pull_secret(cluster, release.namespace, password="not-the-password")
         failed = helm_from_registry(cluster, published, "install", release, NEW,
-                                    f"webhook.imagePullSecrets[0].name={secret}", wait="45s", check=False)
+                                    f"webhook.imagePullSecrets[0].name={secret}", wait="30s", check=False)
         waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
                    for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
         assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
