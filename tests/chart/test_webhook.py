@@ -617,7 +617,7 @@ def test_notes_warn_about_a_single_fail_closed_replica() -> None:
 
 
 def test_workers_threads_and_a_readiness_probe_inside_the_review_deadline() -> None:
-    """Issue 18: the serving size comes from values (env read by gunicorn_conf.ServeOptions), and the
+    """The serving size comes from values (env read by gunicorn_conf.ServeOptions), and the
     readiness probe is an HTTPS request to the same workers with a 1 s timeout, shorter than the
     apiserver's timeoutSeconds: a pod that cannot answer reviews leaves the Service."""
     container = _deployment()["spec"]["template"]["spec"]["containers"][0]
