@@ -16,17 +16,6 @@ from .test_user_docs import TRACKER, offending_lines
 
 # These two show the patterns they look for.
 PATTERN_EXAMPLES = {"tests/docs/test_user_docs.py", "tests/docs/test_repository_text.py"}
-# Files another branch rewords (the webhook's server modules, chart templates); listed so this test can go in
-# first. An entry whose file has no tracker number left fails test_files_still_to_reword_still_have_one:
-# remove it then.
-STILL_TO_REWORD = {
-    "charts/gpu-stack/templates/_runtime_layout.tpl",
-    "charts/gpu-stack/templates/_security.tpl",
-    "charts/gpu-stack/templates/webhook/deployment.yaml",
-    "webhook/src/gpu_stack_webhook/server/gunicorn_conf.py",
-    "webhook/src/gpu_stack_webhook/server/slowclients.py",
-    "webhook/src/gpu_stack_webhook/server/worker.py",
-}
 # Paths a Markdown file may cite that are not in the tree, each with why.
 NOT_IN_THE_TREE = {
     "webhook/src/gpu_stack_webhook/policy/rules/host_devices.py": "CONTRIBUTING's worked example: a rule to write",
@@ -67,14 +56,9 @@ def tracker_numbers(name: str) -> list[str]:
 
 
 def test_no_file_names_a_tracker_number() -> None:
-    found = [hit for name in tracked() if name not in PATTERN_EXAMPLES | STILL_TO_REWORD
+    found = [hit for name in tracked() if name not in PATTERN_EXAMPLES
              for hit in tracker_numbers(name)]
     assert found == [], "\n".join(found)
-
-
-@pytest.mark.parametrize("name", sorted(STILL_TO_REWORD))
-def test_files_still_to_reword_still_have_one(name: str) -> None:
-    assert tracker_numbers(name) != [], f"{name} names no tracker number any more: remove it from STILL_TO_REWORD"
 
 
 def missing_citations(path: Path) -> list[str]:

@@ -263,7 +263,8 @@ def test_who_the_operator_is_is_known_before_its_cluster_policy() -> None:
     # the operator's first DaemonSet after `kubectl apply` of its ClusterPolicy is not refused meanwhile
     ds = operand_daemonset()
     ds["metadata"]["namespace"] = "gpu-operator"
-    assert judge(config, ds, username="system:serviceaccount:gpu-operator:gpu-operator", namespace="gpu-operator").allowed
+    first = judge(config, ds, username="system:serviceaccount:gpu-operator:gpu-operator", namespace="gpu-operator")
+    assert first.allowed
     # once read: its uid and status.namespace
     assert operator_config().gpu_operator.model_dump() == {  # type: ignore[union-attr]
         "namespace": OPERATOR_NS, "service_account": "gpu-operator", "cluster_policy": "cluster-policy",
