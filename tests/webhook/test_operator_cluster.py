@@ -269,3 +269,28 @@ def test_who_the_operator_is_is_known_before_its_cluster_policy() -> None:
     assert operator_config().gpu_operator.model_dump() == {  # type: ignore[union-attr]
         "namespace": OPERATOR_NS, "service_account": "gpu-operator", "cluster_policy": "cluster-policy",
         "cluster_policy_uid": POLICY_UID}
+
+
+# --- envFrom beside the device-plugin chart, whose toolkit honours the variable ----------------------------
+
+
+def test_env_from_under_the_device_plugin_chart() -> None:
+    """A ConfigMap is read (lookups on) and denied when it holds the variable; a Secret cannot be read (the
+    webhook has no right to), so importing one without a prefix is a warning, not a denial: denying every GPU
+    pod that imports its credentials that way would refuse ordinary workloads for what only the node's toolkit
+    setting (accept-nvidia-visible-devices-envvar-when-unprivileged=false) can close."""
+    from gpu_stack_webhook.policy.live import device_plugin_policy  # noqa: PLC0415
+
+    config = device_plugin_policy(PolicyConfig(), "ConfigMap nvidia/plugin-configs",
+                                  {"default": "version: v1\n"})
+    assert config.envvar_when_unprivileged is True
+    fake = FakeKube()
+    fake.configmaps[("gpu-demo", "leaky")] = frozenset({"NVIDIA_VISIBLE_DEVICES"})
+    fake.configmaps[("gpu-demo", "settings")] = frozenset({"LOG_LEVEL"})
+    leaky = make_pod([container("main", gpu=1, env_from=[{"configMapRef": {"name": "leaky"}}])])
+    assert rules_of(judge(config, leaky, facts=ApiFacts(fake))) == {"GPU002"}
+    assert judge(config, make_pod([container("main", gpu=1, env_from=[{"configMapRef": {"name": "settings"}}])]),
+                 facts=ApiFacts(fake)).allowed
+    secret = judge(config, make_pod([container("main", gpu=1, env_from=[{"secretRef": {"name": "token"}}])]),
+                   facts=ApiFacts(fake))
+    assert secret.allowed and secret.warned == ("GPU002",)
