@@ -22,14 +22,14 @@ Upstream facts pinned here (NVIDIA/gpu-operator, tag v26.7.0):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
-from gpu_stack_dev.e2e.gpu_operator import RUNTIME_CLASSES, GpuOperator, source_dir
+from gpu_stack_dev.e2e.gpu_operator import RUNTIME_CLASSES, GpuOperator, GpuOperatorError, source_dir, wait_for
 
 # DaemonSet: (runtimeClassName in CDI mode, serviceAccountName, pods on the fake node) — the smoke test's
 # table in ../shared/gpu-operator/README.md. MPS and MIG manager need nvidia.com/mps.capable and a MIG-capable
@@ -54,6 +54,7 @@ NRI_ANNOTATED = {  # DaemonSet: the container its NRI annotation names
     "nvidia-operator-validator": "toolkit-validation",
 }
 NRI_PREFIX = "nvidia.cdi.k8s.io/container."
+NAMESPACE_NAME = "kubernetes.io/metadata.name"
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,8 @@ def test_nri_mode_drops_runtime_classes_and_annotates_management_containers(oper
     [main] = toolkit["containers"]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert (env["ENABLE_NRI_PLUGIN"], env["NRI_SOCKET"]) == ("true", "/runtime/nri-sock-dir/nri.sock")
-    assert {"name": "nri-socket", "hostPath": {"path": "/var/run/nri", "type": "DirectoryOrCreate"}} in toolkit["volumes"]
+    nri_socket = {"name": "nri-socket", "hostPath": {"path": "/var/run/nri", "type": "DirectoryOrCreate"}}
+    assert nri_socket in toolkit["volumes"]
     pods = operator.wait_pods_created(WITH_PODS, timeout=120)
     for name, [pod] in pods.items():
         assert "runtimeClassName" not in pod["spec"], name
@@ -136,7 +138,49 @@ def test_nri_mode_drops_runtime_classes_and_annotates_management_containers(oper
     assert operator.failed_creates() == []
 
 
-def test_operator_runs_as_its_serviceaccount(operator: GpuOperator, tmp_path: Path) -> None:
-    kubeconfig = (operator.workdir / "gpu-operator.kubeconfig").read_text()
-    assert "token:" in kubeconfig and "client-certificate" not in kubeconfig
+def test_operator_runs_as_its_serviceaccount(operator: GpuOperator) -> None:
+    kubeconfig = operator.workdir / "gpu-operator.kubeconfig"
+    whoami = operator.cluster.kubectl("auth", "whoami", "--kubeconfig", str(kubeconfig), "-o", "json").stdout
+    assert json.loads(whoami)["status"]["userInfo"]["username"] == \
+        f"system:serviceaccount:{operator.namespace}:gpu-operator"
     assert "forbidden" not in operator.log()
+
+
+def refuse_pods_labelled(cluster: E2ECluster, namespace: str, app: str) -> str:
+    """A ValidatingAdmissionPolicy refusing pods labelled app=<app> in the namespace, once enforced; its name."""
+    name = unique("e2e-refuse")
+    policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+              "metadata": {"name": name}, "spec": {
+                  "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                          "operations": ["CREATE"], "resources": ["pods"]}]},
+                  "validations": [{"expression": f"object.metadata.?labels[?'app'].orValue('') != '{app}'",
+                                   "message": f"e2e refuses {app}"}]}}
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": name}, "spec": {
+                   "policyName": name, "validationActions": ["Deny"],
+                   "matchResources": {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME: namespace}}}}}
+    cluster.kubectl("apply", "-f", "-",
+                    input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]}))
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": {"app": app}},
+             "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    wait_for("the policy enforced", lambda: name in cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe), check=False).stderr or None)
+    return name
+
+
+def test_a_refused_operand_pod_is_a_failed_create_event(operator: GpuOperator) -> None:
+    """What a webhook test reads when its webhook refuses an operand pod: the DaemonSet controller's FailedCreate
+    event carrying the denial (here from a ValidatingAdmissionPolicy, built into the API server)."""
+    [pod] = operator.wait_pods_created(["nvidia-dcgm-exporter"])["nvidia-dcgm-exporter"]
+    name = refuse_pods_labelled(operator.cluster, operator.namespace, "nvidia-dcgm-exporter")
+    try:
+        operator.cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", operator.namespace)
+        with pytest.raises(GpuOperatorError, match=f"nvidia-dcgm-exporter .*{name}.*e2e refuses nvidia-dcgm-exporter"):
+            operator.wait_pods_created(["nvidia-dcgm-exporter"], timeout=10)
+        [first, *_] = operator.failed_creates("nvidia-dcgm-exporter")
+        assert first.daemonset == "nvidia-dcgm-exporter"
+        assert first.message.startswith("Error creating: pods ") and "is forbidden: ValidatingAdmissionPolicy " \
+            f"'{name}' with binding '{name}' denied request: e2e refuses nvidia-dcgm-exporter" in first.message
+    finally:
+        operator.cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
+                                 "--ignore-not-found", check=False)

@@ -1,34 +1,35 @@
 """The real NVIDIA GPU Operator v26.7.0 controller against an e2e cluster (`GpuOperator`, a context manager).
 
-The build lives beside the repository in ../shared/gpu-operator (its README: how it was built, what a smoke
-test saw); `source_dir()` finds it (GPU_STACK_GPU_OPERATOR_SRC overrides). Nothing is downloaded: the binary
-(checked against the README's sha256) and the operand assets are unpacked into .tools/gpu-operator-v26.7.0.
+The build lies beside the repository in ../shared/gpu-operator (its README: how it was built and run);
+`source_dir()` finds it, GPU_STACK_GPU_OPERATOR_SRC overrides. Nothing is downloaded: binary (sha256 checked)
+and operand assets are unpacked once into .tools/gpu-operator-v26.7.0.
 
-`start()` installs the three nvidia.com CRDs the controllers watch, the operator's namespace (any name) and
-the chart's RBAC for it (rbac.yaml, namespace rewritten), and runs the binary as its own ServiceAccount (a
-TokenRequest token, not the admin). Its asset path /opt/gpu-operator is hard-coded, so it runs in a private
-mount namespace with the unpacked assets bound on /opt (`unshare -m`; `unshare -rm` when not root).
-`stop()` removes all of it, waits until the ClusterPolicy's RuntimeClasses are garbage-collected, and leaves no process.
+`start()` installs the three nvidia.com CRDs the controllers watch, the operator's namespace (any name), the
+chart's RBAC for it (rbac.yaml, namespace rewritten), and runs the binary as that ServiceAccount (a
+TokenRequest token). Its assets path /opt/gpu-operator is hard-coded: it runs in a private mount namespace with
+the assets bound on /opt (`unshare -m`; `unshare -rm` when not root). `stop()` removes all of that, waits until
+the RuntimeClasses are garbage-collected, and leaves no process.
 
-Fake GPU nodes (`prepare_node`): the labels the reconcile needs (nvidia.com/gpu.present and NFD's OS labels,
-else nothing is created), containerRuntimeVersion, a Ready condition and no not-ready taint (the node
-lifecycle controller's part; it is off on the e2e plane). No allocatable resources: the scheduler never binds
-the operand pods, so they stay Pending and unbound, and the DaemonSet controller's rolling updates (which
-delete a pod and create its successor) finish without a kubelet. Admission happens when the DaemonSet controller
-creates a pod: a refused pod shows as a FailedCreate event on its DaemonSet (`failed_creates`).
+`prepare_node()` publishes a fake GPU node: the labels the reconcile needs (nvidia.com/gpu.present, NFD's OS
+labels), containerRuntimeVersion, Ready, no not-ready taint (the node lifecycle controller is off on the plane).
+It has no allocatable resources: the scheduler never binds the operand pods, so they stay Pending and unbound
+and the DaemonSet controller's rolling updates (delete a pod, create its successor) finish without a kubelet.
+A pod refused at admission shows as a FailedCreate event of its DaemonSet (`failed_creates`).
 
-One GpuOperator per cluster at a time: the operator treats the oldest ClusterPolicy as the only one, and
-its operand ClusterRoles have fixed names.
+One GpuOperator per cluster at a time: the operator reconciles the oldest ClusterPolicy only, and names its
+operand ClusterRoles alike in every namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import lzma
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -91,11 +92,8 @@ def source_dir() -> Path | None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def unpack(source: Path, cache: Path = CACHE) -> tuple[Path, Path]:
@@ -180,8 +178,9 @@ class GpuOperator:
         binary, assets = unpack(self.source)
         self.workdir.mkdir(parents=True, exist_ok=True)
         crds = [name.removeprefix("nvidia.com_").removesuffix(".yaml") + ".nvidia.com" for name in CRDS]
-        # a CRD another test deleted may still be terminating
-        wait_for(f"CRDs {crds} gone or live", lambda: all(self._crd_not_terminating(c) for c in crds) or None)
+        wait_for(f"CRDs {crds} not terminating (another test may have deleted them)", lambda: None if any(
+            self.cluster.kubectl("get", "crd", c, "-o", "jsonpath={.metadata.deletionTimestamp}", check=False)
+            .stdout.strip() for c in crds) else True)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts",
                              *(a for c in CRDS for a in ("-f", str(self.source / "crds" / c))))
         self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{c}" for c in crds))
@@ -197,11 +196,14 @@ class GpuOperator:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen([*unshare, "sh", "-c", run, str(assets), str(binary)], env=env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for("the operator's /readyz", lambda: self._running() and http_ok(f"http://127.0.0.1:{health}/readyz") or None)
+        ready = f"http://127.0.0.1:{health}/readyz"
+        wait_for("the operator's /readyz", lambda: (self._running() and http_ok(ready)) or None)
 
     def stop(self) -> None:
         if self.process is not None:
             stop_process(self.process, timeout=10)
+            with contextlib.suppress(ProcessLookupError):  # anything it left in its session
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process = None
         kubectl = self.cluster.kubectl
         kubectl("delete", "clusterpolicies.nvidia.com", "--all", "--ignore-not-found", "--wait=true", check=False)
@@ -210,10 +212,9 @@ class GpuOperator:
         self.nodes.clear()
         kubectl("delete", "namespace", self.namespace, "--ignore-not-found", "--wait=true", "--timeout=120s",
                 check=False)
-        cluster_scoped = [d for d in rbac_for((self.source / "rbac.yaml").read_text(), self.namespace)
-                          if "namespace" not in d["metadata"]]
-        for doc in cluster_scoped:
-            kubectl("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", check=False)
+        for doc in rbac_for((self.source / "rbac.yaml").read_text(), self.namespace):
+            if "namespace" not in doc["metadata"]:  # cluster-scoped
+                kubectl("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", check=False)
         kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s",
                 *(a for c in CRDS for a in ("-f", str(self.source / "crds" / c))), check=False)
         # The ClusterPolicy's RuntimeClasses go with it (GC): later installs may create an "nvidia" of their own.
@@ -225,21 +226,16 @@ class GpuOperator:
             raise GpuOperatorError(f"the operator exited {self.process.returncode}:\n{self.log()[-3000:]}")
         return True
 
-    def _crd_not_terminating(self, crd: str) -> bool:
-        got = self.cluster.kubectl("get", "crd", crd, "-o", "jsonpath={.metadata.deletionTimestamp}", check=False)
-        return got.returncode != 0 or not got.stdout.strip()
-
     def _serviceaccount_kubeconfig(self) -> Path:
         """The admin kubeconfig's cluster with a TokenRequest token of the operator's ServiceAccount."""
-        token = self.cluster.kubectl("create", "token", "gpu-operator", "-n", self.namespace,
-                                     "--duration=6h").stdout.strip()
+        token = self.cluster.kubectl("create", "token", "gpu-operator", "-n", self.namespace, "--duration=6h").stdout
         admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
         context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
         path = self.workdir / "gpu-operator.kubeconfig"
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "gpu-operator",
             "clusters": [next(c for c in admin["clusters"] if c["name"] == context["cluster"])],
-            "users": [{"name": "gpu-operator", "user": {"token": token}}],
+            "users": [{"name": "gpu-operator", "user": {"token": token.strip()}}],
             "contexts": [{"name": "gpu-operator", "context": {"cluster": context["cluster"], "user": "gpu-operator"}}],
         }))
         path.chmod(0o600)
@@ -265,24 +261,20 @@ class GpuOperator:
         self.cluster.kubectl("patch", "clusterpolicies.nvidia.com", self.policy_name, "--type=merge",
                              "-p", json.dumps({"spec": {"cdi": {"nriPluginEnabled": True}}}))
 
-    def cluster_policy(self) -> dict[str, Any]:
-        got: dict[str, Any] = self.cluster.get_json("clusterpolicies.nvidia.com", self.policy_name)
-        return got
+    def cluster_policy(self) -> Any:
+        return self.cluster.get_json("clusterpolicies.nvidia.com", self.policy_name)
 
     def prepare_node(self, name: str | None = None, labels: Mapping[str, str] | None = None) -> str:
         """A Node as NFD and a kubelet would leave a GPU node, Ready, without the not-ready taint."""
         name = name or unique("fake-gpu-node")
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name, "labels": {**GPU_NODE_LABELS, "kubernetes.io/hostname": name, **(labels or {})}}}
-        kubectl = self.cluster.kubectl
-        kubectl("create", "-f", "-", input=json.dumps(node))
+        (kubectl := self.cluster.kubectl)("create", "-f", "-", input=json.dumps(node))
         self.nodes.append(name)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {"nodeInfo": {"containerRuntimeVersion": CONTAINER_RUNTIME, "operatingSystem": "linux",
-                               "architecture": "amd64", "kernelVersion": "6.8.0-100-generic"},
-                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                  "message": "fake GPU node (no kubelet)", "lastHeartbeatTime": now,
-                                  "lastTransitionTime": now}]}
+        status = {"nodeInfo": {"containerRuntimeVersion": CONTAINER_RUNTIME, "kernelVersion": "6.8.0-100-generic"},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+                                  "lastTransitionTime": now, "message": "fake GPU node (no kubelet)"}]}
         kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
         # TaintNodesByCondition admission added node.kubernetes.io/not-ready:NoSchedule at creation.
         kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": None}}))
@@ -311,14 +303,11 @@ class GpuOperator:
         items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return [FailedCreate(e["involvedObject"]["name"], e.get("message", ""), e.get("count") or 1) for e in items]
 
-    # --- waits -----------------------------------------------------------------------------------------
     def wait_runtime_classes(self, present: bool = True, names: Sequence[str] = RUNTIME_CLASSES,
                              timeout: float = 60) -> dict[str, dict[str, Any]]:
         def probe() -> dict[str, dict[str, Any]] | None:
             found = self.runtime_classes()
-            if present:
-                return found if set(names) <= set(found) else None
-            return found if not set(names) & set(found) else None
+            return found if (set(names) <= set(found) if present else not set(names) & set(found)) else None
         return self._wait(f"RuntimeClasses {list(names)} {'present' if present else 'absent'}", probe, timeout)
 
     def wait_daemonsets(self, names: Sequence[str], timeout: float = 60,
@@ -330,16 +319,15 @@ class GpuOperator:
         return self._wait(f"DaemonSets {list(names)}", probe, timeout)
 
     def wait_pods_created(self, names: Sequence[str], timeout: float = 60) -> dict[str, list[dict[str, Any]]]:
-        """Each named DaemonSet's pods, once the DaemonSet controller created one per node it wants and every
-        pod is of the current template (a rolling update done). On timeout the error lists the
-        FailedCreate events (an admission denial shows there)."""
+        """Each named DaemonSet's pods once there is one of its current template per node it wants (a rolling
+        update done); on timeout the error lists the FailedCreate events (where admission denials show)."""
         def probe() -> dict[str, list[dict[str, Any]]] | None:
             found, pods = self.daemonsets(), {}
             for name in names:
                 ds = found.get(name)
-                status = (ds or {}).get("status", {})
-                if not ds or status.get("observedGeneration") != ds["metadata"]["generation"]:
+                if not ds or ds["status"].get("observedGeneration") != ds["metadata"]["generation"]:
                     return None
+                status = ds["status"]
                 want, current = status.get("desiredNumberScheduled", 0), status.get("updatedNumberScheduled", 0)
                 pods[name] = [p for p in self.pods_of(ds) if not p["metadata"].get("deletionTimestamp")]
                 if want < 1 or current != want or len(pods[name]) != want:
