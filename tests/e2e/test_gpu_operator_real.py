@@ -16,6 +16,8 @@ Upstream facts pinned here (NVIDIA/gpu-operator, tag v26.7.0):
 - controllers/object_controls.go transformToolkitCtrForCDI (1272-1273) and transformNRISocketMounts (1405-1418):
   the toolkit gets ENABLE_NRI_PLUGIN=true, NRI_SOCKET=/runtime/nri-sock-dir/nri.sock and a hostPath volume
   `nri-socket` (/var/run/nri).
+- controllers/object_controls.go TransformValidatorComponent (2455-2457, 2478-2480): VALIDATOR_RUNTIME_CLASS
+  (the validator's cuda and plugin workload pods' class) only while the validator pod has a runtimeClassName.
 - controllers/object_controls.go DaemonSet (4727): every operand DaemonSet's controller is the ClusterPolicy;
   api/nvidia/v1/clusterpolicy_types.go SetStatus (2049-2052): status.namespace is the operator's namespace.
 """
@@ -81,6 +83,12 @@ def nri_annotations(meta: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(NRI_PREFIX)}
 
 
+def validator_runtime_class(pod: dict[str, Any]) -> dict[str, str]:
+    """VALIDATOR_RUNTIME_CLASS of the validator's init containers (the class its test pods are given)."""
+    return {c["name"]: e["value"] for c in pod["spec"]["initContainers"] for e in c.get("env", [])
+            if e["name"] == "VALIDATOR_RUNTIME_CLASS"}
+
+
 def test_cdi_mode_runtime_classes_daemonsets_and_pods(operator: GpuOperator) -> None:
     classes = operator.wait_runtime_classes(present=True)
     assert {name: rc["handler"] for name, rc in classes.items()} == {name: name for name in RUNTIME_CLASSES}
@@ -107,6 +115,8 @@ def test_cdi_mode_runtime_classes_daemonsets_and_pods(operator: GpuOperator) -> 
         # The operator's own labels come from the ClusterPolicy's spec.daemonsets.labels (chart values).
         assert pod["metadata"]["labels"]["app"] == name
         assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpu-operator"
+    assert validator_runtime_class(pods["nvidia-operator-validator"][0]) == {"cuda-validation": "nvidia",
+                                                                             "plugin-validation": "nvidia"}
     assert operator.failed_creates() == []
     assert operator.cluster_policy()["status"]["namespace"] == operator.namespace
 
@@ -135,6 +145,7 @@ def test_nri_mode_drops_runtime_classes_and_annotates_management_containers(oper
         assert "runtimeClassName" not in pod["spec"], name
         want = {f"{NRI_PREFIX}{NRI_ANNOTATED[name]}": "management.nvidia.com/gpu=all"} if name in NRI_ANNOTATED else {}
         assert nri_annotations(pod["metadata"]) == want, name
+    assert validator_runtime_class(pods["nvidia-operator-validator"][0]) == {}
     assert operator.failed_creates() == []
 
 
