@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from gpu_stack_dev.controlplane.base import free_port, http_ok, stop_process
+from gpu_stack_dev.controlplane.base import die_with_parent, free_port, http_ok, stop_process
 from gpu_stack_dev.paths import ROOT
 
 from .e2elib import E2ECluster, unique
@@ -57,13 +57,11 @@ OPERATOR_ENV = {"WATCH_NAMESPACE": "", "VALIDATOR_IMAGE": f"nvcr.io/nvidia/gpu-o
 GPU_NODE_LABELS = {
     "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
     "feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/gpu.present": "true",
-    # Without these two every reconcile fails ("failed to retrieve GPU node OS info"); the driver image tag
-    # is built from them (595.91.07-ubuntu24.04).
+    # Without these two no reconcile succeeds; the driver image tag is built from them (595.91.07-ubuntu24.04).
     "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
     "feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04",
     "feature.node.kubernetes.io/kernel-version.full": "6.8.0-100-generic",
 }
-CONTAINER_RUNTIME = "containerd://2.1.4"
 T = TypeVar("T")
 
 
@@ -175,6 +173,9 @@ class GpuOperator:
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
+        gpu_nodes = self.cluster.kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "name").stdout
+        if gpu_nodes.strip():  # the operator takes the OS of the first GPU node it lists
+            raise GpuOperatorError(f"GPU nodes left by another test: {gpu_nodes.split()}")
         binary, assets = unpack(self.source)
         self.workdir.mkdir(parents=True, exist_ok=True)
         crds = [name.removeprefix("nvidia.com_").removesuffix(".yaml") + ".nvidia.com" for name in CRDS]
@@ -193,9 +194,10 @@ class GpuOperator:
         run = (f'mount --bind "$0" /opt && exec "$1" --leader-elect=false --zap-log-level=info '
                f"--metrics-bind-address=127.0.0.1:{free_port()} --health-probe-bind-address=127.0.0.1:{health}")
         unshare = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-rm"]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([*unshare, "sh", "-c", run, str(assets), str(binary)], env=env,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with self.log_path.open("wb") as log:  # killed with the test process, whatever stops it
+            self.process = subprocess.Popen([*unshare, "sh", "-c", run, str(assets), str(binary)], env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=die_with_parent)  # noqa: PLW1509
         ready = f"http://127.0.0.1:{health}/readyz"
         wait_for("the operator's /readyz", lambda: (self._running() and http_ok(ready)) or None)
 
@@ -220,8 +222,7 @@ class GpuOperator:
         # The ClusterPolicy's RuntimeClasses go with it (GC): later installs may create an "nvidia" of their own.
         wait_for("the operator's RuntimeClasses garbage-collected", lambda: not self.runtime_classes() or None)
 
-    def _running(self) -> bool:
-        """True, or GpuOperatorError with its log when the operator has exited."""
+    def _running(self) -> bool:  # or GpuOperatorError with its log once the operator has exited
         if self.process is not None and self.process.poll() is not None:
             raise GpuOperatorError(f"the operator exited {self.process.returncode}:\n{self.log()[-3000:]}")
         return True
@@ -272,7 +273,7 @@ class GpuOperator:
         (kubectl := self.cluster.kubectl)("create", "-f", "-", input=json.dumps(node))
         self.nodes.append(name)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {"nodeInfo": {"containerRuntimeVersion": CONTAINER_RUNTIME, "kernelVersion": "6.8.0-100-generic"},
+        status = {"nodeInfo": {"containerRuntimeVersion": "containerd://2.1.4", "kernelVersion": "6.8.0-100-generic"},
                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
                                   "lastTransitionTime": now, "message": "fake GPU node (no kubelet)"}]}
         kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
