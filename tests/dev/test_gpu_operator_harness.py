@@ -60,3 +60,4 @@ def test_a_binary_other_than_the_pinned_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(GpuOperatorError, match=r"unpacks to sha256 \w+, not 70b2a7be"):
         unpack(tmp_path, tmp_path / "cache")
     assert not (tmp_path / "cache" / "gpu-operator").exists()
+

@@ -30,8 +30,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
-from gpu_stack_dev.e2e.gpu_operator import RUNTIME_CLASSES, GpuOperator, GpuOperatorError, source_dir, wait_for
+from gpu_stack_dev.e2e.gpu_operator import (
+    CLUSTER_POLICY,
+    RUNTIME_CLASSES,
+    GpuOperator,
+    GpuOperatorError,
+    source_dir,
+    wait_for,
+)
 
 # DaemonSet: (runtimeClassName in CDI mode, serviceAccountName, pods on the fake node) — the smoke test's
 # table in ../shared/gpu-operator/README.md. MPS and MIG manager need nvidia.com/mps.capable and a MIG-capable
@@ -147,6 +155,13 @@ def test_nri_mode_drops_runtime_classes_and_annotates_management_containers(oper
         assert nri_annotations(pod["metadata"]) == want, name
     assert validator_runtime_class(pods["nvidia-operator-validator"][0]) == {}
     assert operator.failed_creates() == []
+
+
+def test_the_applied_cluster_policy_is_the_builds(operator: GpuOperator) -> None:
+    """The harness applies tests/fixtures' copy (a fresh clone has it): the build's own says the same."""
+    fixture = yaml.safe_load(CLUSTER_POLICY.read_text())
+    assert fixture == yaml.safe_load((operator.source / "clusterpolicy-default.yaml").read_text())
+    assert operator.cluster_policy()["spec"]["daemonsets"] == fixture["spec"]["daemonsets"]
 
 
 def test_operator_runs_as_its_serviceaccount(operator: GpuOperator) -> None:
