@@ -25,8 +25,6 @@ Upstream facts pinned here (NVIDIA/gpu-operator, tag v26.7.0):
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,7 +35,6 @@ from gpu_stack_dev.e2e.gpu_operator import (
     RUNTIME_CLASSES,
     GpuOperator,
     GpuOperatorError,
-    source_dir,
     wait_for,
 )
 
@@ -68,18 +65,11 @@ NAMESPACE_NAME = "kubernetes.io/metadata.name"
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuOperator]:
-    if cluster.kind != "envtest":
-        pytest.skip("runs the operator beside a throwaway plane only (an existing cluster may have its own)")
-    if source_dir() is None:
-        message = "no GPU Operator build (../shared/gpu-operator or GPU_STACK_GPU_OPERATOR_SRC)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    with GpuOperator(cluster, tmp_path_factory.mktemp("gpu-operator"), namespace=unique("nv-operator")) as running:
-        running.prepare_node()
-        running.apply_cluster_policy()
-        yield running
+def operator(gpu_operator: GpuOperator) -> GpuOperator:
+    """The operator reconciling the chart's default ClusterPolicy, with one fake GPU node."""
+    gpu_operator.prepare_node()
+    gpu_operator.apply_cluster_policy()
+    return gpu_operator
 
 
 def template(ds: dict[str, Any]) -> dict[str, Any]:
