@@ -47,7 +47,7 @@ class OperatorReader:
 
     def __call__(self, base: PolicyConfig) -> PolicyConfig:
         base = base.model_copy(update={"gpu_operator": GpuOperatorIdentity(
-            namespace=self.namespace, serviceAccount=self.service_account, clusterPolicy=self.name)})
+            namespace=self.namespace, service_account=self.service_account, cluster_policy=self.name)})
         try:
             return self.read(base)
         except SourceError as exc:
