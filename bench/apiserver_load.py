@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench`, pod creation through a real API server (issue 18): our webhooks vs a bare allow-all.
+"""`make bench`, pod creation through a real API server: our webhooks vs a bare allow-all.
 
 The command; the code is gpu_stack_dev.bench.apiserver_load."""
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench`, many keep-alive clients (issue 18): N persistent TLS clients with silent connections mixed in.
+"""`make bench`, many keep-alive clients: N persistent TLS clients with silent connections mixed in.
 
 The command; the code is gpu_stack_dev.bench.many_clients."""
 

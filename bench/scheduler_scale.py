@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale on a real scheduler (issue 27 item 6): a fleet of GPU nodes published as the chart's agents
+"""Scale on a real scheduler: a fleet of GPU nodes published as the chart's agents
 would (gpu_stack_dev.e2e.fleet, the `per-node-configs` overlay), then GPU pods written as README.md tells users
 to write them, created through the `make e2e` API server with the webhook on (the chart's configurations
 pointed at `gpu-stack-webhook serve` on loopback) and off (no configurations); the time from the first

@@ -1,4 +1,4 @@
-"""The bookkeeping of bench/apiserver_load.py's second part (gpu_stack_dev.bench.apiserver_calls, issue 25): the
+"""The bookkeeping of bench/apiserver_load.py's second part (gpu_stack_dev.bench.apiserver_calls): the
 mixed creates, the API server's call counter read by webhook and type, the matchConditions patches for
 `before` and `after`, the latency ratio and its verdict. No cluster, no timing."""
 

@@ -1,4 +1,4 @@
-"""The issue 14 protocol of `make bench` (no timing here): issue 14's pod is what the targets name, the
+"""The protocol of `make bench`'s targets (no timing here): the 3-container GPU pod is what they name, the
 per-worker connection count reads /proc right, every round is judged on its own, the soak's verdict."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.server.app import AppConfig, create_app
 
 
-def test_issue_14_pod_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:
+def test_the_identical_body_has_3_containers_of_20_env_and_mutate_answers_with_a_patch() -> None:
     client = create_app(AppConfig(policy=PolicyConfig())).test_client()
     for endpoint in bodies.ENDPOINTS:
         body = bodies.gpu_pod_3c(endpoint)
@@ -82,7 +82,7 @@ def test_one_round_below_the_ratio_misses_the_target_even_when_the_median_meets_
 
 
 def test_the_targets_judge_the_mix_and_show_the_identical_body_beside_it(tmp_path: Path) -> None:
-    """Issue 26: the ratios are judged on the pod mix; the identical-body rounds are shown, not judged."""
+    """The ratios are judged on the pod mix; the identical-body rounds are shown, not judged."""
     mixed_low = _results([0.9, 0.75], [0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0)
     mixed_low["saturation_same"] = _results([1.0, 1.0], [0.9, 0.9], {1: 16, 2: 16}, 5.0, 59.0)["saturation"]
     lines = targets.render(mixed_low, tmp_path)
@@ -120,7 +120,7 @@ def test_the_soak_fails_on_rss_growth_errors_or_a_replaced_worker() -> None:
     assert result({1: 50_000, 3: 50_000}).failures() == ["workers changed: [1, 2] -> [1, 3]"]
     report = result({1: 51_000, 2: 50_000}).markdown((1.0, 1.0, 1.0), "Many clients (200 ...): FAILED: slow")
     assert "* worker 1: RSS idle 0.0 MB, start 48.8 MB -> end 49.8 MB (+2.00%)" in report
-    # The verdict is the soak's own; the many-clients phase (issue 18) reports on its own line.
+    # The verdict is the soak's own; the many-clients phase reports on its own line.
     assert "Verdict: passed" in report.splitlines()
     assert "Verdict: FAILED: RSS growth 6.00% >= 5%" in result({1: 53_000, 2: 50_000}).markdown((1.0, 1.0, 1.0))
 

@@ -86,7 +86,7 @@ def test_the_manifest_lists_path_and_file_per_body(tmp_path: Path) -> None:
     assert 'line:match("^(%S+)\\t(.+)$")' in lua
 
 
-# --- the pod mix (issue 26) ---------------------------------------------------------------------------
+# --- the pod mix --------------------------------------------------------------------------------------
 
 MIXES = {ep: bodies.pod_mix(ep) for ep in bodies.ENDPOINTS}
 KIND = {s.name: s.kind for s in bodies.SHAPES}

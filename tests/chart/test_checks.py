@@ -57,7 +57,7 @@ FAIL_CASES: list[Any] = [
                  "gpu-stack: devicePlugin.affinity is set while dra.enabled=true: it replaces the GPU node affinity, "
                  "which keeps the devicePlugin off nodes labelled gpu-stack.io/gpu-provider=dra",
                  id="dra-device-plugin-affinity"),
-    # ---- runtime layout and sharing configs as the pinned device plugin v0.20 reads them (issue 12) ----
+    # ---- runtime layout and sharing configs as the pinned device plugin v0.20 reads them ----
     pytest.param({"toolkit.enabled": False, "devicePlugin.deviceListStrategy": ["envvar"]}, "gpu-stack",
                  "gpu-stack: devicePlugin.deviceListStrategy contains envvar with a preinstalled toolkit "
                  "(toolkit.enabled=false): a toolkit that honours NVIDIA_VISIBLE_DEVICES", id="envvar-preinstalled"),

@@ -43,13 +43,16 @@ def test_gpu_operator_overlay_reads_the_cluster_policy() -> None:
     assert option(argv, "--policy-source") == "gpu-operator"
     assert option(argv, "--cluster-policy") == "cluster-policy"
     assert option(argv, "--operator-namespace") == "gpu-operator"
+    assert option(argv, "--operator-service-account") == "gpu-operator"
+    assert option(argv, "--runtime-classes") == "live"
     assert option(argv, "--policy-source-interval") == "2s"
     rules = one(objects, "ClusterRole", f"{WEBHOOK}-policy-source")["rules"]
     assert rules == [{"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],
                       "resourceNames": ["cluster-policy"], "verbs": ["get"]}]
     role = one(objects, "Role", f"{WEBHOOK}-policy-source")
     assert role["metadata"]["namespace"] == "gpu-operator"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+                             {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]}]
     binding = one(objects, "RoleBinding", f"{WEBHOOK}-policy-source")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": "gpu-stack"}]
 
@@ -85,9 +88,17 @@ def test_inspect_may_read_what_the_webhook_reads() -> None:
 
 def test_validation_both_keeps_the_webhook_that_follows_the_cluster() -> None:
     objects = render(overlay="policy-only-gpu-operator.yaml",
-                     set_json={"webhook.validation.mode": "both", "webhook.cel.assumeServed": True}).objects()
-    assert find(objects, "ValidatingAdmissionPolicy")
+                     set_json={"webhook.validation.mode": "both", "webhook.cel.assumeServed": True,
+                               "webhook.policySource.gpuOperator.namespace": "nvidia"}).objects()
+    policies = find(objects, "ValidatingAdmissionPolicy")
+    assert policies
     assert option(args(objects), "--policy-source") == "gpu-operator"
+    # CEL cannot look up owners: it leaves the operator's requests in its namespace to the webhook.
+    for policy in policies:
+        assert policy["spec"]["matchConditions"] == [{"name": "not-the-gpu-operators-own", "expression": (
+            '!(request.namespace == "nvidia" && request.userInfo.username in ['
+            '"system:serviceaccount:nvidia:gpu-operator", "system:serviceaccount:kube-system:daemon-set-controller", '
+            '"system:kube-controller-manager"])')}]
 
 
 def test_device_plugin_overlay_judges_every_pod_as_under_the_nvidia_runtime() -> None:
@@ -104,7 +115,42 @@ def test_device_plugin_overlay_judges_every_pod_as_under_the_nvidia_runtime() ->
     assert [f.rule_id for f in Policy(config).evaluate(pod, "Pod").denials] == ["GPU002"]
 
 
-def test_values_mode_reads_nothing_live() -> None:
+def test_values_mode_reads_no_policy_source_but_the_runtime_classes() -> None:
     objects = render().objects()
-    assert "--policy-source" not in args(objects)
+    argv = args(objects)
+    assert "--policy-source" not in argv
     assert not [o for o in objects if o["metadata"]["name"].endswith("-policy-source")]
+    assert option(argv, "--runtime-classes") == "live"  # with webhook.lookups.enabled, the default
+    assert {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list"]} in \
+        one(objects, "ClusterRole", WEBHOOK)["rules"]
+    offline = render(set_json={"webhook.lookups.enabled": False}).objects()
+    assert "--runtime-classes" not in args(offline)
+    assert not any(rule.get("resources") == ["runtimeclasses"] for role in find(offline, "ClusterRole")
+                   for rule in role.get("rules") or [])
+
+
+def policy_file(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(yaml.safe_load(cm["data"]["policy.yaml"]) for cm in find(objects, "ConfigMap")
+                if "policy.yaml" in cm.get("data", {}))
+
+
+def toolkit_handlers(runtime_name: str) -> set[str]:
+    """The runtime handlers nvidia-ctk-installer v1.20.0 registers for NVIDIA_RUNTIME_NAME (its
+    cmd/nvidia-ctk-installer/container/operator/operator.go GetRuntimes: the name, nvidia-cdi, nvidia-legacy;
+    a name that is one of the mode runtimes' becomes `nvidia`)."""
+    return {runtime_name if runtime_name not in ("nvidia-cdi", "nvidia-legacy") else "nvidia",
+            "nvidia-cdi", "nvidia-legacy"}
+
+
+@pytest.mark.parametrize("runtime_class", ["nvidia", "gpu"])
+def test_every_handler_the_charts_toolkit_registers_is_the_nvidia_runtime(runtime_class: str) -> None:
+    objects = render(set_json={"toolkit.runtimeClass.name": runtime_class,
+                               "gpuNodes.runtimeClassName": runtime_class}).objects()
+    [toolkit] = [d for d in find(objects, "DaemonSet") if d["metadata"]["name"].endswith("container-toolkit")]
+    env = {e["name"]: e.get("value") for e in toolkit["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_RUNTIME_NAME"] == runtime_class
+    handlers = set(policy_file(objects)["nvidiaRuntimeHandlers"])
+    assert toolkit_handlers(runtime_class) <= handlers
+    # the one RuntimeClass the chart creates is one of them
+    assert [(rc["metadata"]["name"], rc["handler"]) for rc in find(objects, "RuntimeClass")] == \
+        [(runtime_class, runtime_class)]

@@ -1,4 +1,4 @@
-"""Runtime layout per preset (issue 12): the toolkit, the device plugin and the webhook agree, and no
+"""Runtime layout per preset: the toolkit, the device plugin and the webhook agree, and no
 preset lets an environment variable pick GPUs.
 
 Upstream facts relied on:

@@ -122,7 +122,7 @@ def test_every_skip_names_an_allowed_check_with_a_reason_that_applies(scenario: 
 
 
 def test_the_allowed_list_is_the_inherent_kinds_only() -> None:
-    # Issue 17: privileged/escalation/capabilities/root/host namespaces/host paths for GPU and runtime agents,
+    # The inherent kinds: privileged/escalation/capabilities/root/host namespaces/host paths for GPU and runtime agents,
     # tokens for API callers, CPU limits, digests and pull policy, NetworkPolicy for host-network agents,
     # probes on one-shot test pods, the webhook's rights on its own configurations. Nothing else.
     assert set(security.ALLOWED) == {

@@ -145,7 +145,7 @@ def test_deployment_basics() -> None:
     # self-managed TLS (the default) and cluster lookups: the webhook is told its Secret, Service and configurations
     assert container["command"] + container["args"] == [
         "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy/policy.yaml", *SELF_MANAGED_ARGS,
-        "--cluster-lookups", "--bind", "0.0.0.0:8443"]
+        "--cluster-lookups", "--runtime-classes", "live", "--policy-source-interval", "2s", "--bind", "0.0.0.0:8443"]
     assert {"name": "GPU_STACK_WEBHOOK_CONFIG", "value": "/etc/gpu-stack/policy/policy.yaml"} in container["env"]
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
@@ -314,6 +314,8 @@ LOOKUP_CLUSTER_RULE = {"apiGroups": [""], "resources": ["configmaps", "namespace
 # the ResourceClaims and ResourceClaimTemplates a pod names (DRA): do they hold GPUs? (get only)
 CLAIM_CLUSTER_RULE = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
                       "verbs": ["get"]}
+# every RuntimeClass's handler: which select the NVIDIA runtime (read every policySource.interval)
+RUNTIME_CLASS_RULE = {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list"]}
 RBAC_KINDS = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
@@ -328,7 +330,7 @@ def test_rbac_is_exactly_what_self_managed_tls_and_lookups_need() -> None:
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == SELF_MANAGED_ROLE
     assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE,
-                                                          CLAIM_CLUSTER_RULE]
+                                                          CLAIM_CLUSTER_RULE, RUNTIME_CLASS_RULE]
     # nothing for Secrets cluster-wide, anywhere in the webhook's rules
     cluster_resources = {r for rule in one(objs, "ClusterRole", WEBHOOK)["rules"] for r in rule["resources"]}
     assert "secrets" not in cluster_resources
@@ -341,7 +343,7 @@ def test_rbac_is_exactly_what_self_managed_tls_and_lookups_need() -> None:
 def test_rbac_follows_the_tls_mode_and_lookups() -> None:
     objs = objects(**CERT_MANAGER)
     assert not find(objs, "Role", WEBHOOK)
-    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [LOOKUP_CLUSTER_RULE, CLAIM_CLUSTER_RULE]
+    assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [LOOKUP_CLUSTER_RULE, CLAIM_CLUSTER_RULE, RUNTIME_CLASS_RULE]
     objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False})
     assert _webhook_rbac(objs) == []
     assert one(objs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
@@ -357,7 +359,7 @@ def test_rbac_values_hook() -> None:
     objs = objects(**{"webhook.rbac.extraRules": [rule], "webhook.rbac.extraClusterRules": [crule]})
     assert one(objs, "Role", WEBHOOK)["rules"] == [*SELF_MANAGED_ROLE, rule]
     assert one(objs, "ClusterRole", WEBHOOK)["rules"] == [SELF_MANAGED_CLUSTER_RULE, LOOKUP_CLUSTER_RULE,
-                                                          CLAIM_CLUSTER_RULE, crule]
+                                                          CLAIM_CLUSTER_RULE, RUNTIME_CLASS_RULE, crule]
     objs = objects(**CERT_MANAGER, **{"webhook.lookups.enabled": False, "webhook.rbac.extraRules": [rule],
                                       "webhook.rbac.extraClusterRules": [crule]})
     assert one(objs, "Role", WEBHOOK)["rules"] == [rule]
@@ -637,7 +639,7 @@ def test_notes_warn_about_a_single_fail_closed_replica() -> None:
 
 
 def test_workers_threads_and_a_readiness_probe_inside_the_review_deadline() -> None:
-    """Issue 18: the serving size comes from values (env read by gunicorn_conf.ServeOptions), and the
+    """The serving size comes from values (env read by gunicorn_conf.ServeOptions), and the
     readiness probe is an HTTPS request to the same workers with a 1 s timeout, shorter than the
     apiserver's timeoutSeconds: a pod that cannot answer reviews leaves the Service."""
     container = _deployment()["spec"]["template"]["spec"]["containers"][0]

@@ -1,6 +1,6 @@
 """What a user reads points at nothing they cannot see: no tracker numbers ("issue 14") and no paths outside
 a clone of the repository (`../shared/...`); the README's overlay table lists every overlay as the overlay
-describes itself (gpu_stack_dev.generate.overlay_table)."""
+describes itself (gpu_stack_dev.generate.overlay_table), and a stated number of overlays is right."""
 
 from __future__ import annotations
 
@@ -45,6 +45,28 @@ def test_the_patterns_catch_what_they_are_for() -> None:
 def test_the_overlay_table_has_a_row_per_overlay() -> None:
     rows = overlay_table.table(overlay_table.overlays()).splitlines()[2:]
     assert [row.split("`")[1] for row in rows] == sorted(p.name for p in (CHART / "examples").glob("*.yaml"))
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+OVERLAY_COUNT = re.compile(rf"\b(\d+|{'|'.join(NUMBER_WORDS)})\s+(?:values\s+)?overlays\b", re.IGNORECASE)
+
+
+def overlay_counts(text: str) -> list[int]:
+    """Every "N overlays" a text states, as a number."""
+    return [int(n) if n.isdigit() else NUMBER_WORDS.index(n.lower()) for n in OVERLAY_COUNT.findall(text)]
+
+
+def test_a_stated_number_of_overlays_is_the_number_there_is() -> None:
+    """Better no count at all ("every overlay"); one that is written must be right."""
+    there_are = len(list((CHART / "examples").glob("*.yaml")))
+    wrong = [f"{path.relative_to(ROOT)}: {count}" for path in USER_FILES
+             for count in overlay_counts(path.read_text(encoding="utf-8")) if count != there_are]
+    assert wrong == [], f"{there_are} overlays in charts/gpu-stack/examples, but:\n" + "\n".join(wrong)
+
+
+def test_overlay_counts_are_read_as_written() -> None:
+    assert overlay_counts("each of the 12 overlays; Twelve values\noverlays; the DRA overlays 1.34") == [12, 12]
 
 
 def test_an_overlay_without_its_summary_line_is_refused(tmp_path: Path) -> None:

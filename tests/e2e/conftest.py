@@ -29,6 +29,11 @@ Fixtures:
   release's Mutating/ValidatingWebhookConfigurations to `clientConfig.url: https://127.0.0.1:PORT/...`
   with that caBundle; with `probe_namespace` it waits until the API server calls it. Returns a
   `LiveWebhook` (`port`, `pki`, `log()`); stopped at teardown.
+- `gpu_operator` (module): the real GPU Operator v26.7.0 controller running as its own ServiceAccount in a
+  fresh namespace (`GpuOperator`, gpu_stack_dev.e2e.gpu_operator: `prepare_node()`,
+  `apply_cluster_policy(spec_overrides)`, `switch_to_nri()`, `wait_runtime_classes`, `wait_daemonsets`,
+  `wait_pods_created`, `failed_creates`); removed with all it made at the end of the module. Without the
+  build (../shared/gpu-operator) it skips, and fails with CI=true; on an existing cluster it skips.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane
+from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases, controlplane, unique
+from gpu_stack_dev.e2e.gpu_operator import GpuOperator, source_dir
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,3 +100,16 @@ def live_webhook(cluster: E2ECluster, tmp_path: Path) -> Iterator[Callable[..., 
     finally:
         for hook in started:
             hook.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_operator(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuOperator]:
+    if cluster.kind != "envtest":
+        pytest.skip("runs the GPU Operator beside a throwaway plane only (an existing cluster may have its own)")
+    if source_dir() is None:
+        message = "no GPU Operator build (../shared/gpu-operator or GPU_STACK_GPU_OPERATOR_SRC)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with GpuOperator(cluster, tmp_path_factory.mktemp("gpu-operator"), namespace=unique("nv-operator")) as running:
+        yield running

@@ -1,4 +1,4 @@
-"""Issue 18 through the real API server: 100 pod creates in flight at once, each judged by the live
+"""Many connections through the real API server: 100 pod creates in flight at once, each judged by the live
 webhook (`gpu-stack-webhook serve`, 2 workers x 4 threads, which the release's two webhook
 configurations are re-pointed to). Every create must succeed and the API server must have called both
 webhooks for each. With gunicorn's stock gthread worker the calls waited up to the 10 s webhook timeout

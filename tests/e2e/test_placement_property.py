@@ -1,4 +1,4 @@
-"""The webhook's reasoning agrees with the scheduler (issue 27, item 4), as a property over generated fleets
+"""The webhook's reasoning agrees with the scheduler, as a property over generated fleets
 and pods on the real kube-scheduler.
 
 One release of `per-node-configs.yaml` (its configs are the other overlays' kinds side by side: exclusive

@@ -51,6 +51,16 @@ CASES = [
         "without --skip-crds (the chart's crds/ holds the NFD CRDs), or "
         "apply them first with kubectl apply --server-side -f charts/gpu-stack/crds/",
         id="nfd-crds-skipped"),
+    pytest.param(
+        "policy-only-gpu-operator.yaml", ["--set", "webhook.policySource.gpuOperator.namespace=no-gpu-operator"],
+        'gpu-stack: webhook.policySource.mode is gpu-operator, but its namespace "no-gpu-operator" does not exist: '
+        "install the GPU Operator first (or set webhook.policySource.gpuOperator.namespace to the namespace it runs "
+        "in)", id="gpu-operator-namespace-missing"),
+    pytest.param(
+        "policy-only-device-plugin.yaml", ["--set", "webhook.policySource.devicePlugin.namespace=no-device-plugin"],
+        'gpu-stack: webhook.policySource.mode is device-plugin, but its namespace "no-device-plugin" does not exist: '
+        "install the device-plugin chart first (or set webhook.policySource.devicePlugin.namespace to the namespace "
+        "it runs in)", id="device-plugin-namespace-missing"),
 ]
 
 

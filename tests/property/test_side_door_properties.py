@@ -1,4 +1,5 @@
-"""Properties for issue 12's side doors: capability spellings, resource-name spellings, review sizes.
+"""Properties for the side doors to GPUs (tests/webhook/test_side_doors.py): capability spellings,
+resource-name spellings, review sizes.
 
 Each holds through the HTTP layer (Flask test client over create_app): never an HTTP 5xx and never an
 in-band internal error, and the verdict follows the documented rule whatever the spelling.

@@ -30,10 +30,8 @@ from gpu_stack_webhook.kube.client import (
     Conflict,
     Invalid,
     KubeError,
-    SecretObject,
-    WebhookConfiguration,
-    ca_bundle_patch,
 )
+from gpu_stack_webhook.kube.objects import SecretObject, WebhookConfiguration, ca_bundle_patch
 
 from .tls_helpers import Pki, serving_https
 
@@ -53,6 +51,9 @@ class FakeKube:
         # The GPU Operator's ClusterPolicies by name, and ConfigMap data (device plugin configs)
         self.cluster_policies: dict[str, dict[str, Any]] = {}
         self.configmap_data: dict[tuple[str, str], dict[str, str]] = {}
+        # RuntimeClass name -> handler; (namespace, name) -> DaemonSet metadata
+        self.runtime_classes: dict[str, str] = {}
+        self.daemonsets: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.unreachable = False
         # method name -> errors raised by its next calls (in order)
@@ -168,6 +169,21 @@ class FakeKube:
         with self.lock:
             self._enter("read_cluster_policy", name)
             return self.cluster_policies.get(name)
+
+    def read_runtime_class(self, name: str) -> str | None:
+        with self.lock:
+            self._enter("read_runtime_class", name)
+            return self.runtime_classes.get(name)
+
+    def list_runtime_classes(self) -> dict[str, str]:
+        with self.lock:
+            self._enter("list_runtime_classes")
+            return dict(self.runtime_classes)
+
+    def read_daemonset_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            self._enter("read_daemonset_metadata", namespace, name)
+            return self.daemonsets.get((namespace, name))
 
 
 def standard_fake(namespace: str = "gpu-stack", mutating: str = "gpu-stack-webhook",

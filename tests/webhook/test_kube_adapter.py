@@ -19,11 +19,10 @@ from gpu_stack_webhook.kube.client import (
     Forbidden,
     Invalid,
     KubernetesClientApi,
-    SecretObject,
-    ca_bundle_patch,
 )
 from gpu_stack_webhook.kube.connect import api_client
 from gpu_stack_webhook.kube.lookups import ApiFacts
+from gpu_stack_webhook.kube.objects import SecretObject, ca_bundle_patch
 from kubernetes import client
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException

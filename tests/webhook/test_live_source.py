@@ -24,13 +24,13 @@ Upstream facts pinned here (github.com/NVIDIA/gpu-operator, tag v26.7.0, and k8s
 from __future__ import annotations
 
 import copy
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from gpu_stack_dev import operator_cases
 from gpu_stack_webhook.admission import decide
 from gpu_stack_webhook.admission.decide import Endpoint
 from gpu_stack_webhook.admission.requests import admission_review
@@ -156,34 +156,18 @@ def test_cdi_off_means_nvidia_is_the_default_runtime() -> None:
 
 # --- the verdict table of docs/gpu-operator.md ----------------------------------------------------------
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "gpu-operator.md"
-VISIBLE = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
-PRIVILEGED = {"securityContext": {"privileged": True}}
-DOC_CASES = {
-    "runtime-class-cuda-image": make_pod([container("main")], runtimeClassName="nvidia"),
-    "runtime-class-env": make_pod([container("main", env=[VISIBLE])], runtimeClassName="nvidia"),
-    "cuda-sidecar": make_pod([container("main", gpu=1), container("side")], runtimeClassName="nvidia"),
-    "env-without-runtime-class": make_pod([container("main", env=[VISIBLE])]),
-    "cdi-annotation": make_pod([container("main")], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
-    "privileged-sidecar": make_pod([container("main", gpu=1), {**container("side"), **PRIVILEGED}]),
-    "privileged-no-gpu": make_pod([{**container("main"), **PRIVILEGED}]),
-    "mig-under-single": make_pod([container("main", requests={"nvidia.com/mig-1g.5gb": 1},
-                                            limits={"nvidia.com/mig-1g.5gb": 1})]),
-    "one-gpu": make_pod([container("main", gpu=1)]),
-}
 
-
-def test_the_docs_verdict_table_is_what_the_webhook_answers() -> None:
-    config = operator_policy(PolicyConfig(), read_cluster_policy(cluster_policy()), None)
-    documented = {case: line for case, line in (
-        (row.split(" | ")[0].strip("| `"), row.split(" | ")[-1].strip(" |"))
-        for row in DOC.read_text().splitlines() if row.startswith("| `"))}
-    assert set(documented) == set(DOC_CASES)
-    for case, pod in DOC_CASES.items():
-        allowed, message = verdict(config, pod)
-        rules = sorted(set(re.findall(r"GPU0\d\d", message)))
-        said = "allowed" if allowed else "denied: " + ", ".join(rules)
-        assert documented[case].startswith(said), (case, said, message)
+@pytest.mark.parametrize("nri", [False, True])
+def test_what_is_open_out_of_the_box_is_closed_with_gpu_stack(nri: bool) -> None:
+    """The table is generated from these answers (gpu_stack_dev/operator_cases.py, tests/test_generated.py);
+    this is what it must say: every way to GPUs a pod was not given is closed."""
+    answers = operator_cases.expected(nri)
+    for case in operator_cases.CASES:
+        opens = case.out_of_the_box.startswith("open") or (nri and "open in NRI mode" in case.out_of_the_box)
+        if opens and case.name != "privileged-no-gpu":  # not a GPU pod: Pod Security's to refuse
+            assert answers[case.name].startswith(("denied", "refused")), (case.name, answers[case.name])
+    assert answers["one-gpu"] == "allowed" and answers["env-without-runtime-class"] == "allowed"
+    assert answers["other-runtime-class"] == "allowed"
 
 
 # --- refusing to guess ---------------------------------------------------------------------------------

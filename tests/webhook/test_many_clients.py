@@ -1,4 +1,4 @@
-"""Many connections against a real `gpu-stack-webhook serve` (2 workers x 2 threads over TLS), issue 18.
+"""Many connections against a real `gpu-stack-webhook serve` (2 workers x 2 threads over TLS).
 
 gunicorn's stock gthread worker gives each new connection to a thread that handshakes and then waits,
 with no timeout, for the first request; Go's HTTP client (the API server) leaves freshly dialled,
@@ -134,7 +134,7 @@ def _socket_inodes(pid: int) -> set[str]:
 
 
 def test_keep_alive_connections_are_spread_over_every_worker(server: Server) -> None:
-    """Issue 14: kept-alive connections stay with the worker that accepted them. Each worker has its
+    """Kept-alive connections stay with the worker that accepted them. Each worker has its
     own listening socket (SO_REUSEPORT), so the kernel spreads new connections over the workers; with
     16 connections the chance that one worker gets none is 2 in 65,536."""
     # An earlier test of this module may have had a worker replaced: wait until both serve again.

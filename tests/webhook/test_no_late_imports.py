@@ -1,5 +1,5 @@
 """The package imports itself only at module top: no import of gpu_stack_webhook inside a function or
-class body (issue 14: no cycles, and no late imports to dodge one). ruff's PLC0415 already flags every
+class body (no cycles, and no late imports to dodge one). ruff's PLC0415 already flags every
 function-level import, but a `# noqa` silences it; this test has no such escape for the package's own
 modules. Third-party lazy imports (the Kubernetes client for the CLI's start-up) are ruff's to judge."""
 

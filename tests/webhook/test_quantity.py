@@ -1,7 +1,7 @@
 """The policy's quantity parser answers exactly what the `kubernetes` client's parser answers.
 
-The policy used `kubernetes.utils.quantity.parse_quantity` (kubernetes-client/python v37,
-kubernetes/utils/quantity.py) until issue 14: importing it pulls in the whole client, which the policy
+The policy does not use `kubernetes.utils.quantity.parse_quantity` (kubernetes-client/python v37,
+kubernetes/utils/quantity.py): importing it pulls in the whole client, which the policy
 layer must not import. Its replacement, policy/quantity.py, must not change a verdict: for every input
 both raise, or both return the same Decimal with the same digits and exponent (str() equal).
 """

@@ -1,4 +1,4 @@
-"""The same review gives the same bytes on every path (issue 14): the pipeline function itself, the app
+"""The same review gives the same bytes on every path: the pipeline function itself, the app
 through Flask's test client (its WSGI dispatch), the real `gpu-stack-webhook serve` over TLS, and
 `gpu-stack-webhook check` where it applies (the answered reviews; check has no HTTP errors)."""
 

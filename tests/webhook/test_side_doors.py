@@ -1,4 +1,4 @@
-"""Issue 12, the side doors to GPUs: each attack judged offline through the policy, then live through
+"""The side doors to GPUs: each attack judged offline through the policy, then live through
 /mutate and /validate of `gpu-stack-webhook serve` over TLS (the /mutate patch applied first, as the
 apiserver does), and `kubectl debug` as the recorded UPDATE pods/ephemeralcontainers review.
 

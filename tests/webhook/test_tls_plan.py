@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from gpu_stack_webhook.kube.client import MUTATING, VALIDATING, SecretObject, WebhookConfiguration
+from gpu_stack_webhook.kube.client import MUTATING, VALIDATING
+from gpu_stack_webhook.kube.objects import SecretObject, WebhookConfiguration
 from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
 from gpu_stack_webhook.tls.config import (
     CA_CRT,

@@ -14,15 +14,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from gpu_stack_webhook.kube.client import (
-    MUTATING,
-    VALIDATING,
-    ApiUnavailable,
-    Conflict,
-    Forbidden,
-    KubeError,
-    SecretObject,
-)
+from gpu_stack_webhook.kube.client import MUTATING, VALIDATING, ApiUnavailable, Conflict, Forbidden, KubeError
+from gpu_stack_webhook.kube.objects import SecretObject
 from gpu_stack_webhook.tls.certs import KeyPair, make_ca, make_serving_cert
 from gpu_stack_webhook.tls.config import CA_CRT, CA_KEY, CA_NEXT_KEY, TLS_CRT, TLS_KEY, SelfManagedTls
 from gpu_stack_webhook.tls.material import fingerprint, load_bundle

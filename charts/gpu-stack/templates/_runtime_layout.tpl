@@ -1,5 +1,5 @@
 {{/*
-Runtime layout (issue 12): how GPUs reach containers, decided by the toolkit and device plugin values
+Runtime layout: how GPUs reach containers, decided by the toolkit and device plugin values
 together. See the chart README, "Runtime layout".
 
 - runtime-class (default): the NVIDIA runtime is registered but NOT the node's default runtime

@@ -7,7 +7,7 @@ here only; the chart README's security section is generated from the rendered ob
 */}}
 
 {{/*
-Reasons for the exceptions, by kind. Only these kinds exist (issue 17): privileged / escalation /
+Reasons for the exceptions, by kind. Only these kinds exist: privileged / escalation /
 capabilities / root / host namespaces / host paths for agents that drive the GPU or the runtime,
 ServiceAccount tokens for pods that call the API, CPU limits, image digests and pull policy,
 NetworkPolicy for host-network agents, probes on one-shot test pods, and the webhook's rights on its

@@ -57,6 +57,7 @@ the nodes expose.
       "exemptNamespaces" (include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray)
       "gpuResources" (dict "prefixes" $p.gpuResources.prefixes "names" $p.gpuResources.names)
       "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
+      "nvidiaRuntimeHandlers" (include "gpu-stack.webhook.nvidiaRuntimeHandlers" . | fromYamlArray)
       "injectRuntimeClassName" (include "gpu-stack.gpuPodRuntimeClass" .)
       "nvidiaRuntimeIsDefault" (has (include "gpu-stack.runtimeLayout" .) (list "default-runtime" "preinstalled"))
       "maxRequestBytes" (int64 $p.maxRequestBytes)
@@ -65,6 +66,22 @@ the nodes expose.
       "rules" (dict "disabled" $p.rules.disabled "migUnexposed" $p.rules.migUnexposed)
       "dra" (dict "gpuDeviceClasses" $p.dra.gpuDeviceClasses "allocationModeAllNamespaces" $p.dra.allocationModeAllNamespaces "adminAccessNamespaces" $p.dra.adminAccessNamespaces "sharingStrategies" (include "gpu-stack.dra.sharingStrategies" . | fromJsonArray) "mpsDefaultPinnedDeviceMemoryLimit" $p.dra.mpsDefaultPinnedDeviceMemoryLimit "unresolvedClaims" ($p.dra.unresolvedClaims | default (ternary "deny" "warn" (eq .Values.webhook.failurePolicy "Fail")))) }}
 {{- toYaml $policy }}
+{{- end }}
+
+{{/* The runtime handlers that are the NVIDIA runtime: webhook.policy.nvidiaRuntimeHandlers, and the handler
+this chart's toolkit registers (NVIDIA_RUNTIME_NAME = toolkit.runtimeClass.name). */}}
+{{- define "gpu-stack.webhook.nvidiaRuntimeHandlers" -}}
+{{- $handlers := .Values.webhook.policy.nvidiaRuntimeHandlers }}
+{{- if .Values.toolkit.enabled }}
+{{- $handlers = append $handlers .Values.toolkit.runtimeClass.name }}
+{{- end }}
+{{- toYaml (uniq $handlers) }}
+{{- end }}
+
+{{/* "true" when the webhook reads the cluster's RuntimeClasses (serve --runtime-classes live): with API
+lookups, or when it follows another project's GPU configuration. */}}
+{{- define "gpu-stack.webhook.followsRuntimeClasses" -}}
+{{- if or .Values.webhook.lookups.enabled (ne .Values.webhook.policySource.mode "values") }}true{{ end }}
 {{- end }}
 
 {{/* namespaceSelector shared by both webhook configurations: skip exempt and opted-out namespaces. */}}

@@ -1,4 +1,4 @@
-"""The bookkeeping of bench/apiserver_load.py's second part (issue 25 item 6), free of clusters and clocks:
+"""The bookkeeping of bench/apiserver_load.py's second part, free of clusters and clocks:
 webhook calls per 1,000 mixed pod creates read from the API server's own counter, for the chart's
 webhook configurations without and with their `matchConditions`, and the create latency of pods without
 GPU with the webhook on vs off; the Markdown section written into BENCHMARKS.md."""

@@ -53,7 +53,8 @@ async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: i
 def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
                   rounds: int, concurrency: int, rates: Sequence[float] = ()
                   ) -> tuple[list[calls_.CallsRun], list[calls_.LatencyRun], dict[str, int]]:
-    """Issue 25 item 6, with the configurations already pointed at our webhook."""
+    """Webhook calls per 1,000 mixed creates and non-GPU create latency, with the configurations already pointed
+    at our webhook."""
     rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
     calls: list[calls_.CallsRun] = []
     latency: list[calls_.LatencyRun] = []

@@ -1,4 +1,4 @@
-"""`make bench`, pod creation through a real API server (issue 18): our webhooks vs a bare allow-all.
+"""`make bench`, pod creation through a real API server: our webhooks vs a bare allow-all.
 
     .venv/bin/python bench/apiserver_load.py [--out BENCHMARKS.md] [--rounds 3] [--creates 1500] [--quick]
         [--part all|load|calls] [--calls-creates 1000] [--latency-creates 2000] [--calls-rounds 3]
@@ -25,7 +25,7 @@ the API server / etcd / webhook server from /proc, webhook calls per pod, Go GC 
 (its /metrics) and etcd compactions (etcd's /metrics). The section is written into --out between
 markers, replacing the previous one.
 
-Second part (issue 25 item 6; gpu_stack_dev.bench.apiserver_calls), same control plane and release, configurations
+Second part (gpu_stack_dev.bench.apiserver_calls), same control plane and release, configurations
 pointed at our webhook: `--calls-creates` mixed creates (every 10th pod asks for a GPU, the rest none)
 under (a) the chart's rendered configurations with every matchConditions removed and (b) as the chart
 renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
@@ -150,7 +150,7 @@ def measure(plane: Any, tmp: Path, creates: int, rounds: int, concurrencies: lis
                           f"settle {run.settle_s:.1f} s, API server {run.apiserver_cpu_ms:.2f} ms/pod"
                           + (f", failures {dict(run.failures.most_common(2))}" if run.failures else ""), flush=True)
         if calls_plan is not None:
-            print("webhook calls per 1,000 mixed creates, and non-GPU creates with the webhook on / off (issue 25)",
+            print("webhook calls per 1,000 mixed creates, and non-GPU creates with the webhook on / off",
                   flush=True)
             began = time.monotonic()
             point_at(cluster, ours, release, judged, EXPECT[OURS])
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-runs", type=Path, help="measure nothing: render the runs --save-runs wrote")
     parser.add_argument("--quick", action="store_true", help="one round of 200 creates (smoke test)")
     parser.add_argument("--part", choices=("all", "load", "calls"), default="all",
-                        help="load: pod creation vs a bare allow-all (issue 18); calls: webhook calls per 1,000 "
-                             "mixed creates and non-GPU latency on / off (issue 25); default: both")
+                        help="load: pod creation vs a bare allow-all; calls: webhook calls per 1,000 "
+                             "mixed creates and non-GPU latency on / off; default: both")
     parser.add_argument("--calls-creates", type=int, default=CallsPlan.creates)
     parser.add_argument("--latency-creates", type=int, default=CallsPlan.latency_creates,
                         help="creates of the pod without GPU per state (webhook on / off) and round")

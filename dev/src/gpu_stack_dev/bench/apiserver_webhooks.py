@@ -68,7 +68,7 @@ def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2el
             raise RuntimeError(f"the API server did not switch to {expect!r}: {seen}")
         time.sleep(0.3)
 
-# --- issue 25: webhook calls per 1,000 mixed creates, non-GPU latency with the webhook on and off -------
+# --- webhook calls per 1,000 mixed creates, non-GPU latency with the webhook on and off -------
 def webhook_configurations(cluster: e2elib.E2ECluster, release: e2elib.Release) -> list[dict[str, Any]]:
     return [obj for kind in e2elib.WEBHOOK_KINDS for obj in cluster.get_json(kind, "-l", release.selector)["items"]]
 

@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--stock-gthread", action="store_true",
-                        help="gunicorn's own gthread worker and one shared listening socket (what served "
-                             "before issue 18), for before/after comparisons")
+                        help="gunicorn's own gthread worker and one shared listening socket (the serving model "
+                             "worker.PollingThreadWorker replaces), for before/after comparisons")
     parser.add_argument("--mutate-answer", type=orjson.loads, default={},
                         help="JSON object of fields added to every /mutate response (patch, warnings, ...)")
     args = parser.parse_args(argv)

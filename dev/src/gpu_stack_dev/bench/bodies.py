@@ -1,6 +1,6 @@
 """The request bodies `make bench` replays: AdmissionReviews built from the recorded apiserver traffic.
 
-The headline and the targets run on `pod_mix(endpoint)` (issue 26): MIX_BODIES pod CREATE reviews from
+The headline and the targets run on `pod_mix(endpoint)`: MIX_BODIES pod CREATE reviews from
 len(SHAPES) >= 50 distinct pod shapes, in the shares of KIND_SHARE (see there for why), each body with its
 own uid and pod name, in a fixed shuffled order. Every body starts from the review a real
 kube-apiserver v1.36 sent for a pod its ReplicaSet controller created (`pod-by-replicaset-*`): /mutate
@@ -9,7 +9,7 @@ there), /validate the generated name and the object's uid. The request uid (and 
 name and uid) end in SERIAL_MARK: bench/mix.lua writes a serial number there on every send, so no two
 requests of a run carry the same uid or name, as from an API server.
 
-The issue 14 pod and the recorded cases. Every body starts from a request a real kube-apiserver v1.36 sent
+The 3-container GPU pod and the recorded cases. Every body starts from a request a real kube-apiserver v1.36 sent
 (tests/fixtures/apiserver-v1.36, copied from ../shared/fixtures) and is scaled up from it, so headers,
 managedFields, the ServiceAccount volume and the defaulted fields are what the webhook really sees:
 
@@ -19,10 +19,10 @@ managedFields, the ServiceAccount volume and the defaulted fields are what the w
 * `deployment`: the recorded Deployment CREATE (`deployment-create-*`): the pod template is judged.
 * `denied-pod`: the recorded pod with NVIDIA_VISIBLE_DEVICES (`pod-env-nvidia-visible-*`): /validate denies.
 
-`scaled_pod(n)` gives the 1/10/50/200-container pods of the size sweep. `gpu_pod_3c(endpoint)` is the pod of
-issue 14's targets: the recorded GPU pod with 3 containers of 20 env vars each; on /mutate it carries the
-MPS annotation, so the answer has a patch. Bodies are compact JSON, as the apiserver sends them (the
-recordings are pretty-printed only for storage).
+`scaled_pod(n)` gives the 1/10/50/200-container pods of the size sweep. `gpu_pod_3c(endpoint)` is the
+identical body the targets' rounds show beside the mix: the recorded GPU pod with 3 containers of 20 env
+vars each; on /mutate it carries the MPS annotation, so the answer has a patch. Bodies are compact JSON, as
+the apiserver sends them (the recordings are pretty-printed only for storage).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ MIX_VALUES = REPO_ROOT / "Chart-values-examples" / "per-node-configs.yaml"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 SERIAL_MARK = "serialnumber"  # 12 characters, replaced by a 12-digit serial per send (bench/mix.lua)
 MIX_BODIES = 3000
-# The share of each kind of pod in the mix. Most pods of a cluster have no GPU (the API server bench of
-# issue 25 uses 90%); this mix is GPU-heavier on purpose: a GPU pod costs the webhook more than a plain
+# The share of each kind of pod in the mix. Most pods of a cluster have no GPU (the API server bench's
+# mixed creates are 90% without); this mix is GPU-heavier on purpose: a GPU pod costs the webhook more than a plain
 # one (more rules find something, /mutate patches it), so more of them make the ratio targets harder,
 # and once the webhook configurations carry matchConditions the webhook is sent mostly the GPU pods.
 KIND_SHARE = {"none": 0.70, "gpu": 0.20, "mps": 0.05, "mig": 0.05}
@@ -114,7 +114,7 @@ def scaled_pod(endpoint: str, containers: int, env: int = 50, uid: str | None = 
 
 
 def gpu_pod_3c(endpoint: str) -> Body:
-    """Issue 14's pod: 3 containers x 20 env vars (GPU in the first); /validate allows it, /mutate patches it."""
+    """The identical body: 3 containers x 20 env vars (GPU in the first); /validate allows it, /mutate patches it."""
     assert endpoint in ENDPOINTS, endpoint
     review = scaled_pod(endpoint, 3, env=20, uid=f"bench-{endpoint}-gpu-pod-3c")
     mutating = endpoint == "mutate"
@@ -159,7 +159,7 @@ def write_manifest(bodies: list[Body], directory: Path, name: str) -> Path:
     return manifest
 
 
-# --- the pod mix (issue 26) ------------------------------------------------------------------------
+# --- the pod mix -----------------------------------------------------------------------------------
 
 _IMAGES = ("registry.example.com/shop/api:2.14.1", "nginx:1.27-alpine", "redis:7.4", "python:3.12-slim",
            "ghcr.io/example/worker:0.9.3", "postgres:16.4", "quay.io/prometheus/node-exporter:v1.8.2",

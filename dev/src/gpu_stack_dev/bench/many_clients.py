@@ -1,4 +1,4 @@
-"""`make bench`, many keep-alive clients (issue 18): N persistent TLS clients with silent connections mixed in.
+"""`make bench`, many keep-alive clients: N persistent TLS clients with silent connections mixed in.
 
     .venv/bin/python bench/many_clients.py [--out BENCHMARKS.md] [--quick] [--rounds 2] [--seconds 8]
 
@@ -9,7 +9,7 @@ fresh dial loses the race against a connection that freed up, and what a port sc
 does. Side by side in one run, rounds alternating the order:
 
 * `bare (stock gthread)`: bench/baseline_app.py (parse the review, allow) on gunicorn's own gthread
-  worker with one shared listening socket: the serving model before issue 18;
+  worker with one shared listening socket, the serving model our worker (worker.PollingThreadWorker) replaces;
 * `bare`: the same allow-all on our settings (gunicorn_conf: worker.PollingThreadWorker, reuse_port);
 * `validate`, `mutate`: `gpu-stack-webhook serve` with the default policy.
 

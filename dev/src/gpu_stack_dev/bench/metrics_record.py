@@ -1,6 +1,6 @@
 """In-process micro-benchmark of `Metrics.record` (not part of the test suite, not run by `make bench`).
 
-Records the reply of issue 14's pod (bodies.gpu_pod_3c: 3 containers x 20 env vars) on /validate and on
+Records the reply of the 3-container GPU pod (bodies.gpu_pod_3c: 3 containers x 20 env vars) on /validate and on
 /mutate (a patch, so one finding) in a loop and prints the median µs per record, in memory (tests, `check`)
 and in multiprocess mode (the directory `serve` prepares for gunicorn), the path every review takes.
 

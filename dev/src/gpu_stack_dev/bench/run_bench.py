@@ -14,7 +14,7 @@ wrk (bench/mix.lua) replays bodies of gpu_stack_dev.bench.bodies over persistent
 the targets: the pod mix (`bodies.pod_mix`: 3,000 pod CREATEs of 60 shapes, 70% without GPU, uid and
 name unique per request), judged with the policy the chart renders for Chart-values-examples/
 per-node-configs.yaml (exclusive, time-sliced, MPS and MIG nodes); beside it the same rounds on one
-identical body (issue 14's 3-container GPU pod), the best case for the webhook's memos. Every
+identical body (bodies.gpu_pod_3c, a 3-container GPU pod), the best case for the webhook's memos. Every
 measurement alternates the servers (baseline, validate, mutate, baseline, ...) and reports the
 median of the rounds, so a noisy neighbour hits all of them alike. Latency is measured at a fixed
 offered rate (mix.lua paces sends on a schedule, see there), throughput closed loop at saturation.

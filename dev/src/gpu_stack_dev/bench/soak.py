@@ -9,7 +9,7 @@
 4. runs wrk paced at that rate (bench/mix.lua keeps a fixed send schedule) for --seconds
    ($SOAK_SECONDS through make),
 5. samples the RSS again and prints the figures,
-6. many clients (issue 18): --many-clients (200) keep-alive TLS clients in closed loop for
+6. many clients: --many-clients (200) keep-alive TLS clients in closed loop for
    --many-seconds, with N/4 handshaken-but-silent and N/4 never-TLS connections held open beside them
    (bench/many_clients.SilentConnections: what Go's HTTP client leaves behind).
 
@@ -175,7 +175,7 @@ class SoakResult:
 
     def markdown(self, loadavg: tuple[float, float, float], many_clients: str = "") -> str:
         """The report section; its `Verdict:` line judges the soak itself (errors, workers, RSS growth),
-        the many-clients phase (issue 18) has its own line."""
+        the many-clients phase has its own line."""
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         p50, p99 = (self.soak.latency_us.get(k, 0) / 1000 for k in ("p50", "p99"))
         load = " / ".join(f"{x:.2f}" for x in loadavg)

@@ -1,7 +1,8 @@
-"""Issue 14's targets, judged from one `make bench` run (bench/run_bench.py) for BENCHMARKS.md.
+"""The review path's throughput, latency and memory targets, judged from one `make bench` run
+(bench/run_bench.py) for BENCHMARKS.md.
 
 * /validate >= 0.80x and /mutate (with patches) >= 0.70x the bare allow-all's throughput on the pod mix
-  (issue 26: gpu_stack_dev.bench.bodies `pod_mix`), in every round (the ratio of each round uses the baseline of the
+  (gpu_stack_dev.bench.bodies `pod_mix`), in every round (the ratio of each round uses the baseline of the
   same round), with both gunicorn workers holding connections in every round and zero errors; the same
   rounds on one identical body are shown beside them, not judged;
 * p99 <= 6 ms on /validate at a fixed 1,000 reviews/s, every round, next to the bare stack's p99;

@@ -1,4 +1,4 @@
-"""Pod creation load through the real API server (issue 18): what a Deployment scaled to hundreds of
+"""Pod creation load through the real API server: what a Deployment scaled to hundreds of
 replicas or a wide Job does to the admission webhooks.
 
 A ServiceAccount with a token that may create pods in one namespace; `create_pods` POSTs two-container

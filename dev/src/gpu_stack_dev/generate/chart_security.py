@@ -23,7 +23,7 @@ RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"
 SKIP_KEY = re.compile(r"^checkov\.io/skip[0-9]+$")
 SKIP_VALUE = re.compile(r"^(CKV2?_K8S_[0-9]+)=(.+)$")
 
-# The only checks an object may skip, each with the inherent kind of exception it stands for (issue 17).
+# The only checks an object may skip, each with the inherent kind of exception it stands for.
 ALLOWED: dict[str, str] = {
     "CKV_K8S_16": "privileged GPU/runtime agent",
     "CKV_K8S_17": "host PID namespace for a GPU/runtime agent",

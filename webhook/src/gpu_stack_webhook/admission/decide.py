@@ -19,6 +19,7 @@ from gpu_stack_webhook.admission.review import AdmissionRequest
 from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS, PATCHABLE_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp
+from gpu_stack_webhook.policy.operator_owned import operator_owned
 from gpu_stack_webhook.policy.pod import NotAPodError
 
 Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
@@ -97,7 +98,7 @@ class Endpoint(enum.Enum):
 def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
            facts: ClusterFacts | None = None) -> Decision:
     """The decision for one request. `facts` (default: the policy's) answer the rules' cluster lookups."""
-    skipped = skip_reason(policy, request, endpoint)
+    skipped = skip_reason(policy, request, endpoint) or _operator_owned(policy, request, facts)
     if skipped:
         return Decision(allowed=True, skipped=skipped)
     assert request.object is not None
@@ -134,6 +135,13 @@ def skip_reason(policy: Policy, request: AdmissionRequest, endpoint: Endpoint) -
     if endpoint is Endpoint.MUTATE and request.operation == "UPDATE":
         return "UPDATE is not mutated"
     return ""
+
+
+def _operator_owned(policy: Policy, request: AdmissionRequest, facts: ClusterFacts | None) -> str:
+    assert request.object is not None
+    why = operator_owned(policy.config.gpu_operator, request.username, request.kind, request.namespace,
+                         obj=request.object, facts=policy.facts if facts is None else facts)
+    return f"the GPU Operator's own: {why}" if why else ""
 
 
 def denial_message(denials: Iterable[Finding]) -> str:

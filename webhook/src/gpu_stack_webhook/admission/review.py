@@ -31,11 +31,11 @@ class AdmissionRequest:
     are native, where a NamedTuple's __new__ is generated Python and its fields are read through descriptors."""
 
     __slots__ = ("dry_run", "group", "kind", "name", "namespace", "object", "old_object", "operation",
-                 "sub_resource", "uid", "version")
+                 "sub_resource", "uid", "username", "version")
 
     def __init__(self, *, uid: str, group: str, version: str, kind: str, operation: str, namespace: str,
                  name: str, sub_resource: str, object: Mapping[str, Any] | None,
-                 old_object: Mapping[str, Any] | None, dry_run: bool) -> None:
+                 old_object: Mapping[str, Any] | None, dry_run: bool, username: str = "") -> None:
         self.uid = uid
         self.group = group
         self.version = version
@@ -47,6 +47,7 @@ class AdmissionRequest:
         self.object = object
         self.old_object = old_object
         self.dry_run = dry_run
+        self.username = username  # userInfo.username: who sent the request, as the API server authenticated it
 
     def __repr__(self) -> str:
         return f"AdmissionRequest({self.uid} {self.operation} {self.group or 'core'}/{self.kind} {self.display_name})"
@@ -89,7 +90,9 @@ def parse_review(body: Any) -> AdmissionRequest:
     return AdmissionRequest(uid=uid, group=_text(kind.get("group")), version=_text(kind.get("version")),
                             kind=kind["kind"], operation=operation, namespace=_text(request.get("namespace")),
                             name=_text(request.get("name")), sub_resource=_text(request.get("subResource")),
-                            object=obj, old_object=old, dry_run=bool(request.get("dryRun")))
+                            object=obj, old_object=old, dry_run=bool(request.get("dryRun")),
+                            username=_text((request.get("userInfo") or {}).get("username")
+                                           if isinstance(request.get("userInfo"), dict) else ""))
 
 
 def _text(value: Any) -> str:

@@ -76,7 +76,8 @@ def serve(args: argparse.Namespace) -> int:
         config_path = args.config or settings.policy_path
         config = load_config(config_path)
         # the setup logs as gunicorn will: JSON lines
-        if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file":
+        if args.tls_mode != "files" or args.cluster_lookups or args.policy_source != "file" or \
+                args.runtime_classes == "live":
             logging.config.dictConfig(gunicorn_conf.logging_config(args.log_level.upper()))
         connection = cluster.connect(args)
         # Built once, here: the app serves this Policy (AppConfig.built) until the policy file changes.

@@ -20,19 +20,17 @@ self-managed TLS or lookups, and every admission request never touch it.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_stack_webhook.kube.connect import api_client
+from gpu_stack_webhook.kube.objects import SecretObject, WebhookConfiguration, ca_bundle_patch
 
 MUTATING = "MutatingWebhookConfiguration"
 VALIDATING = "ValidatingWebhookConfiguration"
 WEBHOOK_KINDS = (MUTATING, VALIDATING)
 ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
-TLS_SECRET_TYPE = "kubernetes.io/tls"  # noqa: S105 - a Secret type, not a password
 # (connect, read) seconds for every request; lookups on the admission path use their own, shorter one.
 DEFAULT_TIMEOUT = (3.0, 10.0)
 
@@ -90,82 +88,6 @@ def error_from_status(status: int, body: bytes | str | None) -> KubeError:
     return cls(status, reason or str(status), message)
 
 
-@dataclass(frozen=True)
-class SecretObject:
-    """A Secret as the webhook uses it: data decoded to bytes."""
-
-    namespace: str
-    name: str
-    data: Mapping[str, bytes]
-    type: str = TLS_SECRET_TYPE
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    owner_references: tuple[Mapping[str, Any], ...] = ()
-    resource_version: str = ""
-    uid: str = ""
-
-    def to_body(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if self.labels:
-            metadata["labels"] = dict(self.labels)
-        if self.annotations:
-            metadata["annotations"] = dict(self.annotations)
-        if self.owner_references:
-            metadata["ownerReferences"] = [dict(r) for r in self.owner_references]
-        if self.resource_version:
-            metadata["resourceVersion"] = self.resource_version
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": metadata,
-            "type": self.type,
-            "data": {k: base64.b64encode(v).decode() for k, v in sorted(self.data.items())},
-        }
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> SecretObject:
-        meta = body.get("metadata") or {}
-        data = {k: base64.b64decode(v or "") for k, v in (body.get("data") or {}).items()}
-        return cls(
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            data=data,
-            type=str(body.get("type") or "Opaque"),
-            labels=dict(meta.get("labels") or {}),
-            annotations=dict(meta.get("annotations") or {}),
-            owner_references=tuple(dict(r) for r in meta.get("ownerReferences") or ()),
-            resource_version=str(meta.get("resourceVersion") or ""),
-            uid=str(meta.get("uid") or ""),
-        )
-
-
-@dataclass(frozen=True)
-class WebhookConfiguration:
-    """One Mutating/ValidatingWebhookConfiguration: its uid and each webhook's caBundle (PEM, b"" if unset)."""
-
-    kind: str
-    name: str
-    uid: str
-    ca_bundles: Mapping[str, bytes]
-
-    @classmethod
-    def from_body(cls, kind: str, body: Mapping[str, Any]) -> WebhookConfiguration:
-        meta = body.get("metadata") or {}
-        bundles = {}
-        for hook in body.get("webhooks") or ():
-            raw = (hook.get("clientConfig") or {}).get("caBundle") or ""
-            bundles[str(hook.get("name"))] = base64.b64decode(raw)
-        return cls(kind=kind, name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""), ca_bundles=bundles)
-
-
-def ca_bundle_patch(webhook_names: Sequence[str], ca_bundle: bytes) -> dict[str, Any]:
-    """The strategic merge patch that sets caBundle of the named webhooks only: `webhooks` merges by
-    `name` and every other field is kept. (A JSON merge patch of `webhooks` would replace the whole
-    list and the apiserver answers 422, as the recorded v1.36 exchanges show.)"""
-    encoded = base64.b64encode(ca_bundle).decode()
-    return {"webhooks": [{"name": n, "clientConfig": {"caBundle": encoded}} for n in webhook_names]}
-
-
 class KubeApi(Protocol):
     """The only Kubernetes access the webhook has."""
 
@@ -209,6 +131,18 @@ class KubeApi(Protocol):
         """The resource.k8s.io/v1 ResourceClaimTemplate, None when it does not exist."""
         ...
 
+    def read_runtime_class(self, name: str) -> str | None:
+        """The handler of the node.k8s.io/v1 RuntimeClass, None when it does not exist."""
+        ...
+
+    def list_runtime_classes(self) -> dict[str, str]:
+        """Every RuntimeClass's name with its handler."""
+        ...
+
+    def read_daemonset_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The DaemonSet's metadata, None when it does not exist."""
+        ...
+
 
 # --- the adapter over the `kubernetes` client -----------------------------------------------------------
 
@@ -226,6 +160,8 @@ class KubernetesClientApi:
         self.admission = client.AdmissionregistrationV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.node = client.NodeV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
 
     @classmethod
     def from_environment(
@@ -341,3 +277,15 @@ class KubernetesClientApi:
     def read_cluster_policy(self, name: str) -> dict[str, Any] | None:
         body = self._call(self.custom.get_cluster_custom_object, "nvidia.com", "v1", "clusterpolicies", name)
         return body if isinstance(body, dict) else None
+
+    def read_runtime_class(self, name: str) -> str | None:
+        body = self._call(self.node.read_runtime_class, name)
+        return None if body is None else str(body.get("handler") or "")
+
+    def list_runtime_classes(self) -> dict[str, str]:
+        body = self._call(self.node.list_runtime_class, not_found_is_none=False)
+        return {str(item["metadata"]["name"]): str(item.get("handler") or "") for item in body.get("items") or ()}
+
+    def read_daemonset_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._call(self.apps.read_namespaced_daemon_set, name, namespace)
+        return None if body is None else dict(body.get("metadata") or {})

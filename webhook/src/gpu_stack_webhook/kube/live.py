@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from gpu_stack_webhook.kube.client import Forbidden, KubeApi, KubeError
-from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.config import GpuOperatorIdentity, PolicyConfig, RuntimeClasses
 from gpu_stack_webhook.policy.live import (
     SourceError,
     device_plugin_policy,
@@ -36,15 +36,18 @@ def _get(ask: Callable[[], T], verb: str, what: str) -> T:
 
 class OperatorReader:
     """The ClusterPolicy `name` and the ConfigMap its devicePlugin.config names, in the operator's
-    namespace (its status.namespace, else `namespace`)."""
+    namespace (its status.namespace, else `namespace`). The operator runs as `service_account` there: who
+    it is (policy/operator_owned.py) is known even while its ClusterPolicy cannot be read."""
 
-    def __init__(self, api: KubeApi, name: str, namespace: str) -> None:
-        self.api, self.name, self.namespace = api, name, namespace
+    def __init__(self, api: KubeApi, name: str, namespace: str, service_account: str = "gpu-operator") -> None:
+        self.api, self.name, self.namespace, self.service_account = api, name, namespace, service_account
 
     def describe(self) -> str:
         return f"GPU Operator ClusterPolicy {self.name}"
 
     def __call__(self, base: PolicyConfig) -> PolicyConfig:
+        base = base.model_copy(update={"gpu_operator": GpuOperatorIdentity(
+            namespace=self.namespace, service_account=self.service_account, cluster_policy=self.name)})
         try:
             return self.read(base)
         except SourceError as exc:
@@ -84,6 +87,28 @@ class DevicePluginReader:
             return unavailable_policy(base, str(exc))
 
 
+class RuntimeClassReader:
+    """The cluster's RuntimeClasses with their handlers (policy/runtime_classes.py), read after `inner` (the
+    policy source's reader, if any). A failed read is kept as the error: pods naming a runtime class that may
+    be the NVIDIA runtime are then denied (GPU010), others judged as before."""
+
+    def __init__(self, api: KubeApi, inner: Reader | None = None) -> None:
+        self.api, self.inner = api, inner
+
+    def describe(self) -> str:
+        what = "the cluster's RuntimeClasses"
+        describe = getattr(self.inner, "describe", None)
+        return f"{describe()} and {what}" if describe else what
+
+    def __call__(self, base: PolicyConfig) -> PolicyConfig:
+        config = self.inner(base) if self.inner is not None else base
+        try:
+            known = RuntimeClasses(handlers=_get(self.api.list_runtime_classes, "list", "runtimeclasses.node.k8s.io"))
+        except SourceError as exc:
+            known = RuntimeClasses(error=str(exc))
+        return config.model_copy(update={"runtime_classes": known})
+
+
 def add_source_arguments(parser: Any, own: str, own_help: str) -> None:
     """The options that choose where the sharing configs come from, the same for `serve` and `inspect`:
     `own` names the command's own source (its first choice and default), described by `own_help`."""
@@ -96,6 +121,9 @@ def add_source_arguments(parser: Any, own: str, own_help: str) -> None:
     parser.add_argument("--operator-namespace", default="gpu-operator",
                         help="gpu-operator: its namespace when the ClusterPolicy's status does not say "
                              "(default %(default)s)")
+    parser.add_argument("--operator-service-account", default="gpu-operator",
+                        help="gpu-operator: the operator's ServiceAccount, whose DaemonSets and their pods are "
+                             "admitted as its own (default %(default)s)")
     parser.add_argument("--plugin-configmap", metavar="NAMESPACE/NAME",
                         help="device-plugin: the chart's config ConfigMap (config.name, or <fullname>-configs)")
     parser.add_argument("--plugin-default-config", default="",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError
-from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact
+from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact, OfflineFacts
 
 
 class TtlCache:
@@ -96,3 +96,21 @@ class ApiFacts:
     def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
         return self._cached(("claimtemplate", namespace, name), "resourceclaimtemplates",
                             lambda: self.api.read_resource_claim_template(namespace, name))
+
+    def runtime_class_handler(self, name: str) -> Fact[str]:
+        return self._cached(("runtimeclass", name), "runtimeclasses", lambda: self.api.read_runtime_class(name))
+
+    def daemonset(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self._cached(("daemonset", namespace, name), "daemonsets",
+                            lambda: self.api.read_daemonset_metadata(namespace, name))
+
+
+class OwnerFacts(OfflineFacts):
+    """Offline, but for the DaemonSets that tell the GPU Operator's own pods (policy/operator_owned.py), read
+    from the API like ApiFacts does: `serve --policy-source gpu-operator` without `--cluster-lookups`."""
+
+    def __init__(self, api: KubeApi, ttl: float = 30.0) -> None:
+        self.lookups = ApiFacts(api, ttl=ttl)
+
+    def daemonset(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return self.lookups.daemonset(namespace, name)

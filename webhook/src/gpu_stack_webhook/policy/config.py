@@ -205,6 +205,30 @@ class DraPolicy(_Strict):
         return isinstance(name, str) and name in self.gpu_device_classes
 
 
+# The runtime handlers that are the NVIDIA container runtime: what nvidia-ctk-installer v1.20.0 registers
+# (cmd/nvidia-ctk-installer/container/operator/operator.go GetRuntimes: `nvidia` or the configured name, and
+# `nvidia-cdi`, `nvidia-legacy`), and what k3s and RKE2 configure when they find the toolkit
+# (`nvidia-experimental` besides those).
+NVIDIA_RUNTIME_HANDLERS = ("nvidia", "nvidia-cdi", "nvidia-legacy", "nvidia-experimental")
+
+
+class RuntimeClasses(_Strict):
+    """The cluster's RuntimeClasses as the webhook last read them (kube/live.py RuntimeClassReader): each
+    name with its handler, or why they could not be read."""
+
+    handlers: dict[str, str] = {}
+    error: str = ""
+
+
+class GpuOperatorIdentity(_Strict):
+    """Who the GPU Operator is, read from its ClusterPolicy (policy/operator_owned.py)."""
+
+    namespace: str
+    service_account: str = Field(alias="serviceAccount")
+    cluster_policy: str = Field(alias="clusterPolicy")
+    cluster_policy_uid: str = Field("", alias="clusterPolicyUid")
+
+
 class PolicyConfig(_Strict):
     gpu_resources: GpuResources = Field(GpuResources(), alias="gpuResources")
     gpu_runtime_class_names: tuple[str, ...] = Field(("nvidia",), alias="gpuRuntimeClassNames")
@@ -229,6 +253,17 @@ class PolicyConfig(_Strict):
     # (accept-nvidia-visible-devices-envvar-when-unprivileged)? This chart's toolkit does not; the toolkit's
     # own default does, and so does the GPU Operator's (GPU011).
     envvar_when_unprivileged: bool = Field(False, alias="envvarWhenUnprivileged")
+    # The runtime handlers that are the NVIDIA runtime: a RuntimeClass with one of them is a GPU runtime class
+    # whatever its name (policy/runtime_classes.py).
+    nvidia_runtime_handlers: tuple[str, ...] = Field(NVIDIA_RUNTIME_HANDLERS, alias="nvidiaRuntimeHandlers")
+    # The cluster's RuntimeClasses, when the webhook follows them (`serve --runtime-classes live`); None:
+    # only `gpuRuntimeClassNames` are GPU runtime classes (offline, CEL mode).
+    runtime_classes: RuntimeClasses | None = Field(None, alias="runtimeClasses")
+    # Does the toolkit run its NRI plugin, which injects the CDI devices a pod's `nvidia.cdi.k8s.io/`
+    # annotations name under any runtime (GPU007)? None: not known, so the annotations are denied.
+    nri_plugin_enabled: bool | None = Field(None, alias="nriPluginEnabled")
+    # With `serve --policy-source gpu-operator`: the operator, whose own pods are admitted as its own.
+    gpu_operator: GpuOperatorIdentity | None = Field(None, alias="gpuOperator")
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

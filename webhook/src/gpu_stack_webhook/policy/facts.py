@@ -7,10 +7,11 @@ TTL cache (the admission path pays for an API call at most once per TTL and obje
 short request timeout; when the API cannot be asked the fact is unknown with a note that the rules put
 in a warning ("not checked: ...") and the decision falls back to the offline behaviour.
 
-Five facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them),
+Seven facts exist: the keys of a ConfigMap (never a Secret: the webhook has no right to read them),
 the Pod Security level a namespace enforces, one label of a node (the device plugin config label
-of the node a pod is pinned to with spec.nodeName), and a ResourceClaim or ResourceClaimTemplate a pod
-names (Dynamic Resource Allocation: which of its requests are GPUs, policy/dra.py).
+of the node a pod is pinned to with spec.nodeName), a ResourceClaim or ResourceClaimTemplate a pod
+names (Dynamic Resource Allocation: which of its requests are GPUs, policy/dra.py), the handler of a
+RuntimeClass (policy/runtime_classes.py), and the owner of a DaemonSet (policy/operator_owned.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ class ClusterFacts(Protocol):
         """The ResourceClaimTemplate object (read only); known with value None when it does not exist."""
         ...
 
+    def runtime_class_handler(self, name: str) -> Fact[str]:
+        """The handler of RuntimeClass `name`; known with value None when it does not exist."""
+        ...
+
+    def daemonset(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        """The DaemonSet's metadata (uid, ownerReferences); known with value None when it does not exist."""
+        ...
+
 
 class OfflineFacts:
     online = False
@@ -77,6 +86,12 @@ class OfflineFacts:
         return UNKNOWN
 
     def resource_claim_template(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
+        return UNKNOWN
+
+    def runtime_class_handler(self, name: str) -> Fact[str]:
+        return UNKNOWN
+
+    def daemonset(self, namespace: str, name: str) -> Fact[dict[str, Any]]:
         return UNKNOWN
 
 

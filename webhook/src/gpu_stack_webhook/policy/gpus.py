@@ -9,6 +9,7 @@ from typing import Any
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.facts import ClusterFacts
 from gpu_stack_webhook.policy.pod import ContainerRef, PodView, parse_count
+from gpu_stack_webhook.policy.runtime_classes import is_gpu_runtime_class
 from gpu_stack_webhook.policy.sharing import NodeConfig, SharingIndex
 
 
@@ -93,7 +94,9 @@ def allocates_gpus(pod: PodView, ctx: Context) -> bool:
 
 
 def is_gpu_pod(pod: PodView, ctx: Context) -> bool:
-    """A pod that requests any GPU resource in any container, or runs with a GPU runtime class."""
-    if pod.spec.get("runtimeClassName") in ctx.config.gpu_runtime_class_names:
+    """A pod that requests any GPU resource in any container, or runs with a GPU runtime class (or one whose
+    runtime cannot be known: policy/runtime_classes.py)."""
+    runtime_class = pod.spec.get("runtimeClassName")
+    if runtime_class and is_gpu_runtime_class(runtime_class, ctx):
         return True
     return bool(gpu_amounts(pod, ctx))

@@ -73,6 +73,9 @@ class OperatorSettings:
     runtime_class: str
     # The toolkit honours NVIDIA_VISIBLE_DEVICES from unprivileged containers.
     envvar_when_unprivileged: bool = True
+    # spec.cdi.nriPluginEnabled: the toolkit's NRI plugin injects what nvidia.cdi.k8s.io/ annotations name.
+    nri_plugin_enabled: bool = False
+    uid: str = ""
 
 
 def _section(spec: Mapping[str, Any], path: str) -> Mapping[str, Any]:
@@ -164,10 +167,13 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
     cdi = _flag(_section(spec, "cdi"), "enabled", "spec.cdi", True)
     mig: str | None = _string(_section(spec, "mig"), "strategy", "spec.mig") or None
     mig = plugin_env.get("MIG_STRATEGY", mig)
-    if mig is not None and mig not in ("none", "single", "mixed"):
-        raise SourceError(f"MIG strategy {mig!r} is not none, single or mixed")
     strategies: str | None = "cdi-annotations,cdi-cri" if cdi else None
     strategies = plugin_env.get("DEVICE_LIST_STRATEGY", strategies)
+    flags = plugin_flags(plugin.get("args"))
+    mig = flags.get("mig-strategy", mig)
+    if mig is not None and mig not in ("none", "single", "mixed"):
+        raise SourceError(f"MIG strategy {mig!r} is not none, single or mixed")
+    strategies = flags.get("device-list-strategy", strategies)
     if "NVIDIA_RUNTIME_SET_AS_DEFAULT" in toolkit_env:
         runtime_default = toolkit_env["NVIDIA_RUNTIME_SET_AS_DEFAULT"].strip().lower() in _TRUE
     else:
@@ -189,7 +195,44 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
         nvidia_runtime_is_default=runtime_default,
         runtime_class=_string(_section(spec, "operator"), "runtimeClass", "spec.operator") or DEFAULT_RUNTIME_CLASS,
         envvar_when_unprivileged=envvar,
+        nri_plugin_enabled=_flag(_section(spec, "cdi"), "nriPluginEnabled", "spec.cdi", False),
+        uid=str((obj.get("metadata") or {}).get("uid") or ""),
     )
+
+
+# The device plugin's flags (k8s-device-plugin v0.20.0 cmd/nvidia-device-plugin/main.go) the policy reads; on
+# its command line (ClusterPolicy devicePlugin.args, gpu-operator v26.7.0 TransformDevicePlugin) a flag
+# outranks its environment variable (urfave/cli: EnvVars are read only for flags not given).
+READ_FLAGS = ("mig-strategy", "device-list-strategy")
+# A flag that would make the plugin read what the policy does not.
+REFUSED_FLAGS = ("config-file",)
+
+
+def plugin_flags(args: Any) -> dict[str, str]:
+    """The values of READ_FLAGS in the device plugin's arguments (`--name=value`, `--name value`, one dash
+    or two); a repeated string-slice flag (device-list-strategy) accumulates, comma-joined."""
+    if args is None:
+        return {}
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SourceError("spec.devicePlugin.args is not a list of strings")
+    found: dict[str, list[str]] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        name, has_value, value = arg.lstrip("-").partition("=")
+        if not arg.startswith("-") or name not in READ_FLAGS + REFUSED_FLAGS:
+            continue
+        if not has_value:
+            if index >= len(args):
+                raise SourceError(f"spec.devicePlugin.args: {arg} has no value")
+            value = args[index]
+            index += 1
+        if name in REFUSED_FLAGS:
+            raise SourceError(f"spec.devicePlugin.args sets --{name}: the device plugin would then read a "
+                              f"config the policy cannot follow")
+        found.setdefault(name, []).append(value)
+    return {name: values[-1] if name == "mig-strategy" else ",".join(values) for name, values in found.items()}
 
 
 def plugin_config_files(data: Mapping[str, str], where: str) -> dict[str, dict[str, Any]]:
@@ -253,9 +296,16 @@ def operator_policy(base: PolicyConfig, settings: OperatorSettings, data: Mappin
         files[EMPTY_CONFIG] = {"version": "v1"}
     configs = {n: _with_flags(c, settings.mig_strategy, settings.device_list_strategy) for n, c in files.items()}
     runtime_classes = list(dict.fromkeys([*base.gpu_runtime_class_names, settings.runtime_class]))
+    # The operator names the toolkit's runtime handler after its runtime class (CONTAINERD_RUNTIME_CLASS,
+    # getRuntimeClassName) and creates the RuntimeClass with that handler.
+    handlers = list(dict.fromkeys([*base.nvidia_runtime_handlers, settings.runtime_class]))
+    operator = base.gpu_operator.model_copy(update={"namespace": settings.namespace, "cluster_policy_uid": settings.uid}
+                                            ) if base.gpu_operator is not None else None
     return _policy(base, where, configs, default, nvidiaRuntimeIsDefault=settings.nvidia_runtime_is_default,
                    injectRuntimeClassName="", gpuRuntimeClassNames=runtime_classes,
-                   envvarWhenUnprivileged=settings.envvar_when_unprivileged)
+                   envvarWhenUnprivileged=settings.envvar_when_unprivileged, nvidiaRuntimeHandlers=handlers,
+                   nriPluginEnabled=settings.nri_plugin_enabled,
+                   gpuOperator=None if operator is None else operator.model_dump(by_alias=True))
 
 
 def device_plugin_policy(base: PolicyConfig, where: str, data: Mapping[str, str] | None,

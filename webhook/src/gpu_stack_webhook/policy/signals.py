@@ -29,6 +29,17 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+# The toolkit's NRI plugin injects the CDI devices named by a pod annotation `nvidia.cdi.k8s.io/container.<name>`,
+# `nvidia.cdi.k8s.io/pod` or `nvidia.cdi.k8s.io`, under any runtime (nvidia-container-toolkit v1.20.0
+# cmd/nvidia-ctk-installer/container/runtime/nri/plugin.go, nriCDIAnnotationDomain, and containerd/nri
+# pkg/plugin/annotations.go GetEffectiveAnnotation, vendored there).
+NRI_ANNOTATION_DOMAIN = "nvidia.cdi.k8s.io"
+
+
+def is_device_annotation(key: object) -> bool:
+    """An annotation the container engine (cdi.k8s.io/) or the toolkit's NRI plugin reads as a device request."""
+    return isinstance(key, str) and (key.startswith(CDI_ANNOTATION_PREFIX) or key == NRI_ANNOTATION_DOMAIN
+                                     or key.startswith(NRI_ANNOTATION_DOMAIN + "/"))
 
 
 class Signal(enum.Enum):
@@ -38,10 +49,12 @@ class Signal(enum.Enum):
     webhook configurations' matchConditions are assembled from the rules' SCOPE and the CEL below
     (cel/match_conditions.py)."""
 
-    # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName
-    # is a GPU runtime class (is_gpu_pod); or the pod may hold GPUs by Dynamic Resource Allocation: it
-    # names claims (spec.resourceClaims) or a container names a deviceclass.resource.kubernetes.io/
-    # resource (names_dra: whether a claim holds a GPU needs a lookup, so any claim is in scope).
+    # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName is a
+    # GPU runtime class (is_gpu_pod; its CEL calls the webhook for every runtimeClassName, since which runtime
+    # a RuntimeClass selects is its handler, read from the cluster: policy/runtime_classes.py); or the pod may
+    # hold GPUs by Dynamic Resource Allocation: it names claims (spec.resourceClaims) or a container names a
+    # deviceclass.resource.kubernetes.io/ resource (names_dra: whether a claim holds a GPU needs a lookup, so
+    # any claim is in scope).
     GPU_POD = "gpu-pod"
     # The pod runs under the NVIDIA runtime (a GPU pod, or any pod where that runtime is the node's
     # default: config nvidiaRuntimeIsDefault) and names something that runtime reads from a pod spec:
@@ -51,7 +64,8 @@ class Signal(enum.Enum):
     # The MPS opt-in annotation, or a nodeSelector / required node affinity on an MPS label or on the
     # device plugin config label (mps_selection).
     MPS_SELECTION = "mps-selection"
-    # An annotation under cdi.k8s.io/, which containerd and CRI-O read under any runtime.
+    # An annotation under cdi.k8s.io/, which containerd and CRI-O read under any runtime, or one the toolkit's
+    # NRI plugin reads (nvidia.cdi.k8s.io).
     CDI_ANNOTATION = "cdi-annotation"
     # A resource.k8s.io ResourceClaim or ResourceClaimTemplate (GPU009): never a pod.
     DRA_OBJECT = "dra-object"
@@ -106,7 +120,7 @@ _NAMES_GPU = (
 )
 # A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
 _GPU_POD = (
-    "spec.?runtimeClassName.orValue('') in ${gpuRuntimeClassNames} || size(spec.?resourceClaims.orValue([])) > 0 || "
+    "spec.?runtimeClassName.orValue('') != '' || size(spec.?resourceClaims.orValue([])) > 0 || "
     f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
     + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
 )
@@ -199,11 +213,12 @@ MPS_SELECTION_CEL = (
 
 def cdi_annotation(pod: PodView, ctx: Context) -> bool:
     """Signal.CDI_ANNOTATION."""
-    return any(isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX) for key in pod.annotations)
+    return any(is_device_annotation(key) for key in pod.annotations)
 
 
-CDI_ANNOTATION_CEL = (f"size(annotations) > {MAX_ANNOTATIONS} || "
-                      f"annotations.exists(k, k.startsWith('{CDI_ANNOTATION_PREFIX}'))")
+DEVICE_ANNOTATION_CEL = (f"k.startsWith('{CDI_ANNOTATION_PREFIX}') || k == '{NRI_ANNOTATION_DOMAIN}' || "
+                         f"k.startsWith('{NRI_ANNOTATION_DOMAIN}/')")
+CDI_ANNOTATION_CEL = f"size(annotations) > {MAX_ANNOTATIONS} || annotations.exists(k, {DEVICE_ANNOTATION_CEL})"
 
 
 # --- Signal.DRA_OBJECT ----------------------------------------------------------------------------------------

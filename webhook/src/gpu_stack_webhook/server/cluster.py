@@ -23,8 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubernetesClientApi
-from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
-from gpu_stack_webhook.kube.lookups import ApiFacts
+from gpu_stack_webhook.kube.live import (
+    DevicePluginReader,
+    OperatorReader,
+    Reader,
+    RuntimeClassReader,
+    add_source_arguments,
+)
+from gpu_stack_webhook.kube.lookups import ApiFacts, OwnerFacts
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
 from gpu_stack_webhook.tls import startup as tls_startup
 from gpu_stack_webhook.tls.config import SelfManagedTls
@@ -75,6 +81,10 @@ def add_arguments(srv: argparse.ArgumentParser) -> None:
     add_source_arguments(live, "file", "file: the sharing configs of --config")
     live.add_argument("--policy-source-interval", type=duration, default=duration("2s"),
                       help="how often the live configuration is read (default 2s)")
+    live.add_argument("--runtime-classes", choices=["names", "live"], default="names",
+                      help="which RuntimeClasses select the NVIDIA runtime: names: those of the policy's "
+                           "gpuRuntimeClassNames; live: also every RuntimeClass whose handler is one of its "
+                           "nvidiaRuntimeHandlers, read every --policy-source-interval (default %(default)s)")
 
 
 def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
@@ -92,8 +102,8 @@ def _namespace(args: argparse.Namespace, pod_namespace: str | None) -> str:
 class Connection:
     api: KubernetesClientApi | None = None  # None when nothing asked for the API
     facts: ClusterFacts = OFFLINE
-    # --policy-source other than file: the reader of the live configuration (kube/live.py).
-    live: OperatorReader | DevicePluginReader | None = None
+    # --policy-source other than file, --runtime-classes live: the reader of the live configuration (kube/live.py).
+    live: OperatorReader | DevicePluginReader | RuntimeClassReader | None = None
 
 
 @dataclass
@@ -123,7 +133,8 @@ def settings_from(args: argparse.Namespace, pod_namespace: str | None = None) ->
 def connect(args: argparse.Namespace) -> Connection:
     """The API access the flags ask for. Raises ValueError with a message for the user when it cannot be
     configured."""
-    needs_api = args.tls_mode == "self-managed" or args.cluster_lookups or args.policy_source != "file"
+    needs_api = (args.tls_mode == "self-managed" or args.cluster_lookups or args.policy_source != "file"
+                 or args.runtime_classes == "live")
     if not needs_api:
         return Connection()
     try:
@@ -134,6 +145,9 @@ def connect(args: argparse.Namespace) -> Connection:
     if args.cluster_lookups:
         timeout = args.lookup_timeout.total_seconds()
         facts = ApiFacts(KubernetesClientApi(api.api_client, (timeout, timeout)), ttl=args.lookup_ttl.total_seconds())
+    elif args.policy_source == "gpu-operator":  # the operator's own pods are told by their DaemonSet
+        timeout = args.lookup_timeout.total_seconds()
+        facts = OwnerFacts(KubernetesClientApi(api.api_client, (timeout, timeout)), ttl=args.lookup_ttl.total_seconds())
     return Connection(api=api, facts=facts, live=live_reader(args, api))
 
 
@@ -151,15 +165,21 @@ def prepare(args: argparse.Namespace, connection: Connection, pod_namespace: str
                     gunicorn_settings={"when_ready": serving.when_ready})
 
 
-def live_reader(args: argparse.Namespace, api: KubernetesClientApi) -> OperatorReader | DevicePluginReader | None:
-    """The reader of --policy-source (None for `file`), with the lookups' short request timeout."""
-    if args.policy_source == "file":
-        return None
+def live_reader(args: argparse.Namespace, api: KubernetesClientApi
+                ) -> OperatorReader | DevicePluginReader | RuntimeClassReader | None:
+    """The reader of --policy-source and --runtime-classes (None for `file` and `names`), with the lookups'
+    short request timeout."""
     timeout = args.lookup_timeout.total_seconds()
     reads = KubernetesClientApi(api.api_client, (timeout, timeout))
+    source: OperatorReader | DevicePluginReader | None = None
     if args.policy_source == "gpu-operator":
-        return OperatorReader(reads, args.cluster_policy, args.operator_namespace)
-    namespace, _, name = (args.plugin_configmap or "").partition("/")
-    if not (namespace and name):
-        raise ValueError("--policy-source device-plugin needs --plugin-configmap NAMESPACE/NAME")
-    return DevicePluginReader(reads, namespace, name, args.plugin_default_config)
+        source = OperatorReader(reads, args.cluster_policy, args.operator_namespace, args.operator_service_account)
+    elif args.policy_source == "device-plugin":
+        namespace, _, name = (args.plugin_configmap or "").partition("/")
+        if not (namespace and name):
+            raise ValueError("--policy-source device-plugin needs --plugin-configmap NAMESPACE/NAME")
+        source = DevicePluginReader(reads, namespace, name, args.plugin_default_config)
+    if args.runtime_classes == "live":
+        inner: Reader | None = source
+        return RuntimeClassReader(reads, inner)
+    return source

@@ -1,6 +1,6 @@
 """Production gunicorn settings for `gpu-stack-webhook serve`, built in code (no config file to mount).
 
-* gthread workers with the TLS handshake and the wait for a request on the poller (worker.py, issue 18),
+* gthread workers with the TLS handshake and the wait for a request on the poller (worker.py),
   one listening socket per worker (reuse_port: the kernel spreads connections over the workers) where the
   runtime allows a second SO_REUSEPORT bind, else one listening socket shared by the workers (listeners.py)
   (default 2 x 4 threads; $GPU_STACK_WEBHOOK_WORKERS / $GPU_STACK_WEBHOOK_THREADS or

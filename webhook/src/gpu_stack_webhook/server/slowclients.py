@@ -1,6 +1,6 @@
 """A per-request deadline for gunicorn gthread workers, so slow clients cannot hold every thread.
 
-Since issue 18 the webhook's worker (worker.PollingThreadWorker) keeps handshakes and connections that
+The webhook's worker (worker.PollingThreadWorker) keeps handshakes and connections that
 have sent nothing on its poller, so what is left for this deadline is a client that sends part of a
 request and stops. The description below is of gunicorn's stock gthread worker.
 

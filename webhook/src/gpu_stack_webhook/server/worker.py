@@ -1,6 +1,6 @@
 """gunicorn's gthread worker, changed so that a thread only ever gets a connection with a request to read.
 
-Why (issue 18, measured in BENCHMARKS.md "Many keep-alive clients"): gunicorn 27's gthread worker hands
+Why (measured in BENCHMARKS.md "Many keep-alive clients"): gunicorn 27's gthread worker hands
 every accepted connection to a pool thread at once, and that thread does the TLS handshake and reads
 the first request with blocking reads and no timeout (`TConn.init`, `handle`: `setblocking(True)`).
 A TLS connection that completes its handshake and then sends nothing pins the thread until the client
@@ -53,7 +53,7 @@ ARENA_MAX = 2
 
 
 def tune_malloc() -> None:
-    """Let a worker give back the memory of a large review once it is answered (issue 14: worker RSS
+    """Let a worker give back the memory of a large review once it is answered (worker RSS
     after the 200-container sweep). glibc raises its mmap threshold after freeing an mmapped block, so
     after the first large body every later one (up to 32 MiB) comes from the heap, whose free space
     is rarely returned, one heap per thread (arenas). A fixed threshold keeps blocks of 128 KiB and

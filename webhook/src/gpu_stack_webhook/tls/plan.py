@@ -33,12 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_stack_webhook.kube.client import (
-    ADMISSION_API_VERSION,
-    TLS_SECRET_TYPE,
-    SecretObject,
-    WebhookConfiguration,
-)
+from gpu_stack_webhook.kube.client import ADMISSION_API_VERSION
+from gpu_stack_webhook.kube.objects import TLS_SECRET_TYPE, SecretObject, WebhookConfiguration
 from gpu_stack_webhook.tls.config import CA_CRT, LABELS, NEXT_ADDED_ANNOTATION, SelfManagedTls
 from gpu_stack_webhook.tls.material import (
     CorruptSecret,

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpu_stack_webhook.kube.client import AlreadyExists, Conflict, KubeApi, KubeError, SecretObject
+from gpu_stack_webhook.kube.client import AlreadyExists, Conflict, KubeApi, KubeError
+from gpu_stack_webhook.kube.objects import SecretObject
 from gpu_stack_webhook.tls.config import SelfManagedTls
 from gpu_stack_webhook.tls.files import mark_ready, write_pair
 from gpu_stack_webhook.tls.material import Material

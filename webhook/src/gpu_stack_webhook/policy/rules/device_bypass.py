@@ -2,10 +2,15 @@
 
 Besides NVIDIA_VISIBLE_DEVICES (GPU002) the NVIDIA runtime takes device requests from two other
 places a pod controls: volume mounts under /var/run/nvidia-container-devices (the volume-mounts
-device list strategy) and CDI annotations `cdi.k8s.io/*` (read by containerd and CRI-O when CDI is
-on). Either one hands a container GPUs it was never allocated. CDI annotations are denied on every
-pod (the container engine reads them under any runtime); the mounts only where the NVIDIA runtime
-runs the pod (GPU002 says when), the only reader of that directory.
+device list strategy) and CDI annotations: `cdi.k8s.io/*` (read by containerd and CRI-O when CDI is
+on) and `nvidia.cdi.k8s.io/container.<name>`, `/pod` or the bare domain (read by the toolkit's NRI plugin,
+policy/signals.py NRI_ANNOTATION_DOMAIN). Either one hands a container GPUs it was never allocated. CDI
+annotations are denied on every pod (the container engine reads them under any runtime); the NRI ones
+too, unless the policy knows the NRI plugin is off (`nriPluginEnabled: false`, read from the GPU
+Operator's ClusterPolicy `cdi.nriPluginEnabled`; the CEL twin cannot know it and always denies); the
+mounts only where the NVIDIA runtime runs the pod (GPU002 says when), the only reader of that directory.
+The GPU Operator's own pods, which carry `nvidia.cdi.k8s.io/container.<name>: management.nvidia.com/gpu=all`
+in NRI mode, are admitted before any rule runs (policy/operator_owned.py).
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.signals import (
     CDI_ANNOTATION_PREFIX,
+    DEVICE_ANNOTATION_CEL,
     DEVICE_LIST_DIR,
     DEVICE_LIST_NAME,
     Signal,
+    is_device_annotation,
     reaches_nvidia_runtime,
 )
 
@@ -51,8 +58,9 @@ def _under_device_dir(mount_path: str) -> bool:
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
+    nri_known_off = ctx.config.nri_plugin_enabled is False
     for key in pod.annotations:
-        if key.startswith(CDI_ANNOTATION_PREFIX):
+        if is_device_annotation(key) and not (nri_known_off and not key.startswith(CDI_ANNOTATION_PREFIX)):
             findings.append(Finding(ID, Severity.DENY, CDI_REQUEST(key=key), f"{pod.metadata_path}.annotations[{key}]"))
     if not reaches_nvidia_runtime(pod, ctx):
         return findings
@@ -69,7 +77,7 @@ def check(pod: PodView, ctx: Context) -> list[Finding]:
 
 # --- The CEL twin ----------------------------------------------------------------------------------------
 _CDI = (
-    f"variables.annotations.filter(k, k.startsWith('{CDI_ANNOTATION_PREFIX}')).map(k, "
+    f"variables.annotations.filter(k, {DEVICE_ANNOTATION_CEL}).map(k, "
     + finding_text(ID, CDI_REQUEST.cel(key="k"), "variables.metaPath + '.annotations[' + k + ']'")
     + ")"
 )

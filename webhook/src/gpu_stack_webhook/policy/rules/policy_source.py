@@ -6,6 +6,8 @@ ConfigMap. When they cannot be read (no permission, object missing, a config the
 reject, a ClusterPolicy of a schema version gpu-stack does not read), the webhook does not guess: every
 GPU pod (a GPU resource, a GPU runtime class, or DRA claims) is denied with a message naming what is
 missing (policy `sourceError`), until the source can be read again. Other pods are judged as before.
+So is a pod whose runtime class may select the NVIDIA runtime while that cannot be known: the RuntimeClasses
+cannot be read, or one is named that the webhook has not read and cannot look up (policy/runtime_classes.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gpu_stack_webhook.policy.dra import names_dra
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.gpus import is_gpu_pod
 from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.runtime_classes import Runtime, runtime_of
 from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU010"
@@ -27,8 +30,15 @@ MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
+    findings = []
+    runtime_class = pod.spec.get("runtimeClassName")
+    if runtime_class:
+        runtime, why = runtime_of(runtime_class, ctx)
+        if runtime is Runtime.UNKNOWN:
+            findings.append(Finding(ID, Severity.DENY, f"runtime class {runtime_class} may be the NVIDIA runtime, "
+                                    f"which cannot be known: {why}", f"{pod.path}.runtimeClassName"))
     missing = ctx.config.source_error
-    if not missing or not (is_gpu_pod(pod, ctx) or names_dra(pod)):
-        return []
-    return [Finding(ID, Severity.DENY, f"the GPU configuration this policy follows cannot be read: {missing}",
-                    f"{pod.path}")]
+    if missing and (is_gpu_pod(pod, ctx) or names_dra(pod)):
+        findings.append(Finding(ID, Severity.DENY, f"the GPU configuration this policy follows cannot be read: "
+                                f"{missing}", f"{pod.path}"))
+    return findings

@@ -7,12 +7,13 @@ that setting the NVIDIA runtime hands a container whatever GPUs its image enviro
 CUDA image bakes in NVIDIA_VISIBLE_DEVICES=all, invisible in the pod spec. A container the device plugin
 allocated a GPU to gets the plugin's device list, which takes precedence (sharing.py
 list_overrides_image_env); any other container run by the NVIDIA runtime gets every GPU of the node.
-On a GPU Operator cluster (CDI on, the default) pods reach the NVIDIA runtime only by naming its runtime
-class (`nvidia`, created by the operator for any pod to use), so a pod that names a GPU runtime class
-(`gpuRuntimeClassNames`) is denied for each container (init and ephemeral ones included) without a GPU
-of its own: a GPU resource with a count above 0, or a DRA claim with a GPU request. Only when the policy
-says the toolkit accepts the variable (`envvarWhenUnprivileged`: read from the GPU Operator's ClusterPolicy,
-true with the toolkit's default; false for this chart's toolkit). Where the NVIDIA runtime is every
+On a GPU Operator cluster (CDI on, the default) pods reach the NVIDIA runtime only by naming its runtime class
+(`nvidia`, `nvidia-cdi`, `nvidia-legacy`, created by the operator for any pod to use), so a pod that names a
+GPU runtime class (by name or handler: policy/runtime_classes.py) is denied for each container (init and
+ephemeral ones included) without a GPU of its own: a GPU resource with a count above 0, or a DRA claim with a
+GPU request. Only when the policy says the toolkit accepts the variable (`envvarWhenUnprivileged`: read from
+the GPU Operator's ClusterPolicy, true with the toolkit's default; false for this chart's toolkit).
+Where the NVIDIA runtime is every
 pod's default runtime no admission rule can close this: the node's toolkit configuration must
 (docs/gpu-operator.md).
 """
@@ -24,6 +25,7 @@ from gpu_stack_webhook.policy.dra import dra_gpus
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.gpus import allocated_gpus
 from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.runtime_classes import Runtime, runtime_of
 from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU011"
@@ -37,7 +39,7 @@ MUTATING = False  # denies on /validate only (rules/__init__.py)
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
     runtime_class = pod.spec.get("runtimeClassName")
-    if not ctx.config.envvar_when_unprivileged or runtime_class not in ctx.config.gpu_runtime_class_names:
+    if not ctx.config.envvar_when_unprivileged or runtime_of(runtime_class, ctx)[0] is not Runtime.NVIDIA:
         return []
     own = allocated_gpus(pod, ctx).keys() | dra_gpus(pod, ctx).keys()
     return [Finding(
