@@ -99,7 +99,8 @@ e2e: $(STAMP) helm
 # The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with buildah
 # (Debian's, installed by hack/ensure-node.sh), on a stand-in base made from Debian packages
 # (hack/image/standin-base.sh: no registry serves python:3.11-slim-bookworm here), trusting the CA bundle
-# pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import.
+# pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import. Then the NVIDIA node
+# agents' images, from ../shared/gpu-node's binaries (gpu_stack_dev.e2e.agent_images).
 E2E_IMAGE ?= localhost/gpu-stack-webhook:e2e
 E2E_IMAGE_ARCHIVE ?= .tools/images/gpu-stack-webhook-e2e.tar
 e2e-image:
@@ -110,6 +111,7 @@ e2e-image:
 	  CA_BUNDLE="$${CA_BUNDLE:-$${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}" \
 	  $(MAKE) --no-print-directory image IMAGE=$(E2E_IMAGE)
 	@echo "e2e-image: $(E2E_IMAGE), $$(($$(stat -c %s $(E2E_IMAGE_ARCHIVE)) / 1000000)) MB uncompressed (base $$(hack/image/standin-base.sh))"
+	@$(PY) -m gpu_stack_dev.e2e.agent_images
 
 # ruff, mypy (strict on policy/ and admission/), the import contract (lint-imports: the layers of the
 # package, no Flask/Kubernetes client/I/O in the policy core; [tool.importlinter] in pyproject.toml); then
