@@ -87,6 +87,8 @@ class Node:
         self.device_plugin_dir = self.dir / "device-plugins"
         self.busybox_image = BUSYBOX_IMAGE
         self.nvidia_runtime_log = self.dir / "nvidia-runtime.jsonl"
+        # where a test lays out a mock GPU driver (gpu_stack_dev.e2e.mock_gpu); the `nvidia` handler injects it
+        self.mock_driver_root = self.dir / "nvml-mock" / "driver"
 
     @property
     def node_name(self) -> str:
@@ -208,7 +210,8 @@ state = "{self.dir}/containerd/state"
 """)
         self._spawn("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")],
                     env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state"),
-                         "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log)})
+                         "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log),
+                         "NVIDIA_RUNTIME_STANDIN_DRIVER_ROOT": str(self.mock_driver_root)})
         deadline = time.monotonic() + 30
         while self.ctr("version", check=False).returncode:
             if time.monotonic() > deadline or self.procs["containerd"].poll() is not None:
