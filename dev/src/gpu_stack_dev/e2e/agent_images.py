@@ -24,7 +24,7 @@ IMAGES = {
     "device-plugin": ("k8s-device-plugin", "devicePlugin", "REF_DEVICE_PLUGIN"),
     "toolkit": ("container-toolkit", "toolkit", "REF_TOOLKIT"),
     "mig-manager": ("k8s-mig-manager", "migManager", "REF_MIG_MANAGER"),
-    "dra": ("dra-driver", "draDriver", "REF_DRA"),
+    "dra": ("dra-driver", "dra", "REF_DRA"),
 }
 
 
