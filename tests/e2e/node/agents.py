@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 
 from .conftest import install_and_wait
 from .standin import apply_pod, wait_for
+from .test_install import metric_total, scrape
 
 AGENT_NAMESPACE = "gpu-stack"
 # What a cluster whose GPU nodes come with the driver and the toolkit preinstalled sets (as
@@ -94,6 +96,22 @@ class GpuRelease:
                 if bad:
                     found[f"{pod['metadata']['name']}/{container['name']}"] = bad
         return found
+
+    def webhook_allowed(self) -> float:
+        """Pods the webhook's /validate allowed, summed over its pods once the count holds still (each worker
+        flushes its counters once a second). Allowed decisions are not logged, so the metric is what shows it."""
+        pods = self.pods("webhook")
+
+        def total() -> float:
+            return sum(metric_total(scrape(self.cluster, self.release, p), "gpu_stack_admission_reviews_total",
+                                    endpoint="validate", decision="allowed") for p in pods)
+        last = total()
+        while True:
+            time.sleep(1.5)
+            now = total()
+            if now == last:
+                return now
+            last = now
 
     def container_id(self, component: str, container: str) -> str:
         (pod,) = [p for p in self.pods(component) if p["status"].get("phase") == "Running"]
