@@ -37,7 +37,7 @@ NVIDIA_SMI = r"""#!/bin/sh
 config="${MOCK_NVML_CONFIG:-$(dirname "$0")/../../config/config.yaml}"
 name=$(sed -n 's/^ *name: *"\(.*\)"/\1/p' "$config" | head -n 1)
 case " $* " in
-  *" -L "*) i=0; for uuid in $(sed -n 's/^ *uuid: *"\(.*\)"/\1/p' "$config"); do
+  *" -L "*) i=0; for uuid in $(sed -n 's/^ *uuid: *"\(GPU-.*\)"/\1/p' "$config"); do
       echo "GPU $i: $name (UUID: $uuid)"; i=$((i + 1)); done ;;
   *) echo "NVIDIA-SMI %(version)s   Driver Version: %(version)s   CUDA Version: 12.4" ;;
 esac
@@ -97,7 +97,7 @@ def read_profile(path: Path) -> tuple[str, tuple[str, ...], int]:
     text = path.read_text()
     name = re.search(r'^\s*name:\s*"([^"]+)"', text, re.M)
     memory = re.search(r"^\s*total_bytes:\s*(\d+)", text, re.M)
-    uuids = tuple(re.findall(r'^\s*uuid:\s*"([^"]+)"', text, re.M))
+    uuids = tuple(re.findall(r'^\s*uuid:\s*"(GPU-[^"]+)"', text, re.M))  # not the NVSwitches' uuids
     return (name.group(1) if name else "", uuids, int(memory.group(1)) // 2**20 if memory else 0)
 
 
