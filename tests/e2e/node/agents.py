@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpu_stack_dev import node as node_mod
@@ -135,6 +137,19 @@ def allocatable(real_node: Any, resource: str = "nvidia.com/gpu") -> str | None:
     return str(value) if value is not None else None
 
 
+def share_mps_root(real_node: Any) -> None:
+    """The MPS daemon's Bidirectional mount of /run/nvidia/mps needs a shared mount there (containerd: `is mounted
+    on "/" but it is not a shared mount`), as a GPU node's systemd gives every mount; this run's mount namespace
+    is private, so the node's own directory is bind-mounted there and made shared, in this namespace only."""
+    mps_root, source = Path("/run/nvidia/mps"), real_node.dir / "mps-root"
+    if str(mps_root) in Path("/proc/self/mounts").read_text():
+        return
+    mps_root.mkdir(parents=True, exist_ok=True)
+    source.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(source), str(mps_root)], check=True)
+    subprocess.run(["mount", "--make-shared", str(mps_root)], check=True)
+
+
 @contextmanager
 def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
                 **values: object) -> Iterator[GpuRelease]:
@@ -142,6 +157,7 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
     agent pod Ready), NFD's master standing in; uninstalled after, with the GPU label and the copied labels
     removed and the kubelet's devices withdrawn (allocatable 0) so the next release starts from nothing."""
     gpus = mock_gpu.lay_out(real_node.mock_driver_root, profile)
+    share_mps_root(real_node)
     real_node.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": node_mod.NVIDIA_HANDLER},
         "handler": node_mod.NVIDIA_HANDLER}))

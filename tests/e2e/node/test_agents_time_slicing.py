@@ -80,14 +80,16 @@ def test_a_pod_the_webhook_admits_runs_with_the_device_the_real_plugin_allocated
 
 def test_the_webhook_denies_exactly_the_requests_the_real_plugin_refuses(t4: GpuRelease, real_node: Any) -> None:
     """kube-system is exempt from the webhook: there the request reaches the kubelet and the real plugin's
-    Allocate (k8s-device-plugin v0.20.0 internal/rm/rm.go: `maximum request size for shared resources is 1`)."""
+    Allocate (k8s-device-plugin v0.20.0 internal/rm/rm.go: `maximum request size for shared resources is 1`).
+    The webhook judges the same request pinned to the node (its config label, unset: sharing.defaultConfig);
+    unpinned, the overlay's other config (the values' `default`) could take it, and GPU004 only warns."""
     wait_for(lambda: allocatable(real_node) == str(t4.gpus.count * replicas()), "every replica advertised")
     suffix = unique("req")
     try:
         for gpus in (1, 2, 3):
             plugin = plugin_verdict(real_node, "kube-system", f"{suffix}-{gpus}", gpus)
             with scratch_namespace(real_node, unique("agents")) as namespace:
-                webhook = webhook_verdict(real_node, namespace, gpus)
+                webhook = webhook_verdict(real_node, namespace, gpus, real_node.node_name)
             refused = PLUGIN_REFUSAL in plugin
             assert refused == (gpus > 1), plugin
             assert (webhook != "admitted") == refused, webhook
