@@ -192,11 +192,13 @@ def plugin_verdict(real_node: Any, namespace: str, name: str, gpus: int) -> str:
 
 
 def webhook_verdict(real_node: Any, namespace: str, gpus: int, node_name: str | None = None) -> str:
-    """The API server's answer to a dry-run create through the webhook ('admitted' or the denial); a pod
+    """The API server's answer to a dry-run create through the webhook ('admitted', with its warnings, or the
+    denial); a pod
     pinned to `node_name` is judged by that node's config label (webhook.lookups)."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"dry-{gpus}", "namespace": namespace},
            "spec": {"containers": [{"name": "c", "image": real_node.busybox_image,
                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
                     **({"nodeName": node_name} if node_name else {})}}
     proc = real_node.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
-    return "admitted" if proc.returncode == 0 else proc.stderr
+    warnings = proc.stderr.strip()
+    return (f"admitted (warnings: {warnings})" if warnings else "admitted") if proc.returncode == 0 else proc.stderr
