@@ -176,6 +176,8 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
         real_node.kubectl("label", "node", real_node.node_name, f"{GPU_PRESENT}-", "nvidia.com/device-plugin.config-",
                           *(f"{k}-" for k in copier.copied), check=False)
         wait_for(lambda: allocatable(real_node) in (None, "0"), "the plugin's devices withdrawn", timeout=120)
+        wait_for(lambda: real_node.kubectl("get", "namespace", AGENT_NAMESPACE, check=False).returncode,
+                 f"namespace {AGENT_NAMESPACE} deleted", timeout=120)
 
 
 def plugin_verdict(real_node: Any, namespace: str, name: str, gpus: int) -> str:
