@@ -158,9 +158,11 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
     removed and the kubelet's devices withdrawn (allocatable 0) so the next release starts from nothing."""
     gpus = mock_gpu.lay_out(real_node.mock_driver_root, profile)
     share_mps_root(real_node)
-    real_node.kubectl("apply", "-f", "-", input=json.dumps({
+    # the RuntimeClass the preinstalled toolkit's admin creates; removed after, since a release that runs the
+    # chart's toolkit creates its own of that name
+    created = real_node.kubectl("create", "-f", "-", check=False, input=json.dumps({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": node_mod.NVIDIA_HANDLER},
-        "handler": node_mod.NVIDIA_HANDLER}))
+        "handler": node_mod.NVIDIA_HANDLER})).returncode == 0
     real_node.kubectl("label", "node", real_node.node_name, "--overwrite", f"{GPU_PRESENT}=true")
     real_node.kubectl("create", "namespace", TEST_NAMESPACE, check=False)  # the helm tests' (INSTALL_SET)
     copier = NodeFeatureCopier(real_node)
@@ -178,6 +180,8 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
         wait_for(lambda: allocatable(real_node) in (None, "0"), "the plugin's devices withdrawn", timeout=120)
         wait_for(lambda: real_node.kubectl("get", "namespace", AGENT_NAMESPACE, check=False).returncode,
                  f"namespace {AGENT_NAMESPACE} deleted", timeout=120)
+        if created:
+            real_node.kubectl("delete", "runtimeclass", node_mod.NVIDIA_HANDLER, check=False)
 
 
 def plugin_verdict(real_node: Any, namespace: str, name: str, gpus: int) -> str:
