@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -182,6 +183,7 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
                  f"namespace {AGENT_NAMESPACE} deleted", timeout=120)
         if created:
             real_node.kubectl("delete", "runtimeclass", node_mod.NVIDIA_HANDLER, check=False)
+        shutil.rmtree(real_node.mock_driver_root)  # the nvidia handler injects nothing into later tests' pods
 
 
 def plugin_verdict(real_node: Any, namespace: str, name: str, gpus: int) -> str:
