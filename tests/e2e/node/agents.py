@@ -165,7 +165,8 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": node_mod.NVIDIA_HANDLER},
         "handler": node_mod.NVIDIA_HANDLER})).returncode == 0
     real_node.kubectl("label", "node", real_node.node_name, "--overwrite", f"{GPU_PRESENT}=true")
-    real_node.kubectl("create", "namespace", TEST_NAMESPACE, check=False)  # the helm tests' (INSTALL_SET)
+    # the helm tests' namespace (INSTALL_SET), removed after: tests/e2e/node/conftest.py's `installed` creates it
+    test_namespace = real_node.kubectl("create", "namespace", TEST_NAMESPACE, check=False).returncode == 0
     copier = NodeFeatureCopier(real_node)
     copier.start()
     releases = Releases(cluster)
@@ -183,6 +184,8 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
                  f"namespace {AGENT_NAMESPACE} deleted", timeout=120)
         if created:
             real_node.kubectl("delete", "runtimeclass", node_mod.NVIDIA_HANDLER, check=False)
+        if test_namespace:
+            real_node.kubectl("delete", "namespace", TEST_NAMESPACE, check=False)
         shutil.rmtree(real_node.mock_driver_root)  # the nvidia handler injects nothing into later tests' pods
 
 
