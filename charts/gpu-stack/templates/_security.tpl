@@ -166,9 +166,11 @@ spec:
 for s in /var/lib/kubelet/device-plugins/nvidia-*.sock; do [ -S "$s" ] || exit 1; done
 {{- end }}
 
-{{/* Shell check: every MPS daemon that has a .started file answers on its pipe directory (upstream mps/root.go layout <root>/<resource>/{pipe,.started}). */}}
+{{/* Shell check: every MPS daemon that has a .started file answers on its pipe directory. Upstream
+(k8s-device-plugin v0.20.0 cmd/mps-control-daemon/mps/root.go) keeps them at <root>/<resource name>/{pipe,.started},
+and a resource name is <domain>/<name> (nvidia.com/gpu, nvidia.com/gpu.shared): two levels under /mps. */}}
 {{- define "gpu-stack.security.mpsHealthCheck" -}}
-for d in /mps/*/; do [ -f "$d.started" ] || continue; echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="${d}pipe" nvidia-cuda-mps-control >/dev/null || exit 1; done
+for d in /mps/*/*/; do [ -f "$d.started" ] || continue; echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="${d}pipe" nvidia-cuda-mps-control >/dev/null || exit 1; done
 {{- end }}
 
 {{/*

@@ -89,6 +89,8 @@ class Node:
         self.nvidia_runtime_log = self.dir / "nvidia-runtime.jsonl"
         # containerd's per-registry hosts.toml files (gpu_stack_dev.registry writes one), read at each pull
         self.registry_config_dir = self.dir / "certs.d"
+        # where a test lays out a mock GPU driver (gpu_stack_dev.e2e.mock_gpu); the `nvidia` handler injects it
+        self.mock_driver_root = self.dir / "nvml-mock" / "driver"
 
     @property
     def node_name(self) -> str:
@@ -213,7 +215,8 @@ state = "{self.dir}/containerd/state"
 """)
         self._spawn("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")],
                     env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state"),
-                         "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log)})
+                         "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log),
+                         "NVIDIA_RUNTIME_STANDIN_DRIVER_ROOT": str(self.mock_driver_root)})
         deadline = time.monotonic() + 30
         while self.ctr("version", check=False).returncode:
             if time.monotonic() > deadline or self.procs["containerd"].poll() is not None:

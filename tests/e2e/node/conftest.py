@@ -2,7 +2,8 @@
 
 `make e2e` runs them as root inside network and mount namespaces of their own (hack/netns.py) after building
 the webhook image with `make image` (the Makefile's e2e-image). Elsewhere (not root, an existing cluster)
-every test here is skipped with the reason.
+every test here is skipped with the reason, unless GPU_STACK_E2E_REQUIRE_NODE=1 (set by `make e2e` where a
+node can run, and by .ci/run): then a test that cannot start its node fails (`skip_or_fail`).
 
 Fixtures (package scope: one plane and one node for this directory, stopped when its tests are done):
 - `real_node`: the running hack/node.Node (`.name`, `.kubelet_root`, `.ctr(...)`, `.log_tail(name)`,
@@ -27,13 +28,22 @@ from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE, TEST_NAMESPACE, image_
 
 from .podlogs import explain_pods
 
+REQUIRE_NODE = "GPU_STACK_E2E_REQUIRE_NODE"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip, or fail where the real node is required (GPU_STACK_E2E_REQUIRE_NODE=1: make e2e, CI)."""
+    if os.environ.get(REQUIRE_NODE) == "1":
+        pytest.fail(f"{REQUIRE_NODE}=1 and the real node cannot run: {reason}")
+    pytest.skip(reason)
+
 
 @pytest.fixture(scope="package")
 def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[node.Node]:
     if os.environ.get("GPU_STACK_E2E_CLUSTER") == "existing":
-        pytest.skip("a real node is started only beside a throwaway control plane, not on an existing cluster")
+        skip_or_fail("a real node is started only beside a throwaway control plane, not on an existing cluster")
     if not netns.inside():
-        pytest.skip("a real node runs only inside namespaces of its own: run as root through `make e2e` "
+        skip_or_fail("a real node runs only inside namespaces of its own: run as root through `make e2e` "
                     f"({netns.can_isolate() or 'hack/netns.py run -- pytest ...'})")
     assets = controlplane.resolve_assets(prepare=True)
     if assets is None:

@@ -12,8 +12,9 @@ import tarfile
 from functools import cache
 from pathlib import PurePosixPath
 
-import pytest
 from gpu_stack_dev.e2e.node_install import IMAGE, IMAGE_ARCHIVE
+
+from .conftest import skip_or_fail
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 COMPILERS = ("usr/bin/gcc", "usr/bin/cc", "usr/bin/x86_64-linux-gnu-gcc-12", "usr/bin/c++", "usr/bin/clang")
@@ -23,7 +24,7 @@ COMPILERS = ("usr/bin/gcc", "usr/bin/cc", "usr/bin/x86_64-linux-gnu-gcc-12", "us
 def image() -> tuple[dict, frozenset[str], int]:
     """(config, the files of the image's tree, the sum of its layers' sizes) of IMAGE_ARCHIVE."""
     if not IMAGE_ARCHIVE.is_file():
-        pytest.skip(f"{IMAGE_ARCHIVE} is not there: `make e2e-image` builds it")
+        skip_or_fail(f"{IMAGE_ARCHIVE} is not there: `make e2e-image` builds it")
     with tarfile.open(IMAGE_ARCHIVE) as archive:
         [manifest] = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
         config = json.load(archive.extractfile(manifest["Config"]))  # type: ignore[arg-type]
