@@ -5,6 +5,7 @@ kube_replay.py): 200/201 bodies, 404 as None, 409 AlreadyExists and Conflict, 42
 from __future__ import annotations
 
 import base64
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,3 +215,20 @@ def test_serve_uses_the_pod_account_and_inspect_the_users_kubeconfig(tmp_path: P
         api_client(in_cluster_first=True)
     users = api_client()
     assert users.configuration.host == "https://127.0.0.1:6443" and users.configuration.retries is False
+
+
+def test_a_forked_worker_shares_no_pooled_connection_with_the_master(tmp_path: Path, pki: Pki) -> None:
+    """gunicorn's master builds the app (preload_app) and may hold pooled connections when it forks the
+    workers; each worker must open its own, never write to the master's sockets."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:1", pki)))
+    api = api_client(str(path), in_cluster_first=True)
+    pools = api.rest_client.pool_manager
+    pools.connection_from_url("https://127.0.0.1:1/api")
+    assert len(pools.pools) == 1
+    pid = os.fork()
+    if pid == 0:  # the worker: no pool of the master's left
+        os._exit(0 if len(pools.pools) == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(pools.pools) == 1  # the master keeps its own

@@ -4,6 +4,7 @@ docstring gives (start-up time)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -41,4 +42,10 @@ def api_client(kubeconfig: str | None = None, context: str | None = None, *, in_
                 raise ClientConfigError(f"no cluster access: {kube_error} (set KUBECONFIG or pass --kubeconfig)"
                                         ) from None
     configuration.retries = False
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    # `serve` builds its app in gunicorn's master (preload_app) and forks the workers: a pooled connection the
+    # master opened would be shared by every process, each writing requests to and reading answers from the
+    # same socket (the master's TLS renewer, the workers' live policy reads and lookups). A child starts with
+    # no connection of its own; closing its copy of the socket leaves the master's open.
+    os.register_at_fork(after_in_child=api.rest_client.pool_manager.clear)
+    return api
