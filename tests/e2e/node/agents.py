@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 
 from .conftest import install_and_wait
 from .standin import apply_pod, wait_for
-from .test_install import metric_total, scrape
+from .test_install import reviews_total
 
 AGENT_NAMESPACE = "gpu-stack"
 # What a cluster whose GPU nodes come with the driver and the toolkit preinstalled sets (as
@@ -103,18 +102,7 @@ class GpuRelease:
     def webhook_allowed(self) -> float:
         """Pods the webhook's /validate allowed, summed over its pods once the count holds still (each worker
         flushes its counters once a second). Allowed decisions are not logged, so the metric is what shows it."""
-        pods = self.pods("webhook")
-
-        def total() -> float:
-            return sum(metric_total(scrape(self.cluster, self.release, p), "gpu_stack_admission_reviews_total",
-                                    endpoint="validate", decision="allowed") for p in pods)
-        last = total()
-        while True:
-            time.sleep(1.5)
-            now = total()
-            if now == last:
-                return now
-            last = now
+        return reviews_total(self.cluster, self.release, self.pods("webhook"), "allowed")
 
     def container_id(self, component: str, container: str) -> str:
         (pod,) = [p for p in self.pods(component) if p["status"].get("phase") == "Running"]

@@ -109,12 +109,12 @@ def scrape(cluster: E2ECluster, release: Release, pod: dict) -> str:
                                            f"https:{pod['metadata']['name']}:8443/proxy/metrics").stdout
 
 
-def denied_total(cluster: E2ECluster, release: Release, pods: list[dict]) -> float:
-    """validate/denied reviews over the pods, once it holds still: each worker flushes its increments to the
-    multiprocess files once a second, so a scrape right after a review may not count it yet."""
+def reviews_total(cluster: E2ECluster, release: Release, pods: list[dict], decision: str) -> float:
+    """validate reviews with `decision` over the pods, once it holds still: each worker flushes its increments
+    to the multiprocess files once a second, so a scrape right after a review may not count it yet."""
     def total() -> float:
         return sum(metric_total(scrape(cluster, release, p), "gpu_stack_admission_reviews_total",
-                                endpoint="validate", decision="denied") for p in pods)
+                                endpoint="validate", decision=decision) for p in pods)
     last = total()
     while True:
         time.sleep(1.5)
@@ -126,7 +126,7 @@ def denied_total(cluster: E2ECluster, release: Release, pods: list[dict]) -> flo
 
 def test_decisions_are_logged_as_json_and_counted_in_metrics(cluster: E2ECluster, installed: Release) -> None:
     pods = webhook_pods(cluster, installed)
-    before = denied_total(cluster, installed, pods)
+    before = reviews_total(cluster, installed, pods, "denied")
     name = unique("logged")
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
@@ -138,7 +138,7 @@ def test_decisions_are_logged_as_json_and_counted_in_metrics(cluster: E2ECluster
              if line.startswith("{") and name in line]
     assert [(d["endpoint"], d["decision"], d["denied_by"], d["dryRun"], d["namespace"]) for d in lines
             if d["endpoint"] == "validate"] == [("validate", "denied", ["GPU002"], True, TEST_NAMESPACE)]
-    assert denied_total(cluster, installed, pods) == before + 1
+    assert reviews_total(cluster, installed, pods, "denied") == before + 1
 
 
 def test_helm_test_passes_with_its_pods_running(cluster: E2ECluster, installed: Release) -> None:
