@@ -126,6 +126,32 @@ def test_kubelet_plugin_mounts_are_upstreams() -> None:
     assert not {"/sys/", "/proc/", "/lib/modules/", "/host", "/host-root"} & set(mounts)
 
 
+
+@pytest.mark.parametrize(("root_dir", "kubelet_dir"), [
+    ("/var/lib/k0s/kubelet", "/var/lib/k0s/kubelet"),
+    ("/var/snap/microk8s/common/var/lib/kubelet/", "/var/snap/microk8s/common/var/lib/kubelet"),
+])
+def test_a_kubelet_root_dir_of_its_own_moves_both_plugin_directories(root_dir: str, kubelet_dir: str) -> None:
+    # The kubelet watches <--root-dir>/plugins_registry (kubernetes pkg/kubelet/kubelet_getters.go
+    # getPluginsRegistrationDir), and the driver's kubeletplugin helper wants both directories at the same path
+    # inside and outside its container (vendor/k8s.io/dynamic-resource-allocation/kubeletplugin/draplugin.go
+    # RegistrarDirectoryPath, PluginDataDirectoryPath at DRIVER v0.4.1), as DRIVER kubeletplugin.yaml mounts them.
+    objs = objects({"dra.kubeletPlugin.kubeletRootDir": root_dir})
+    spec, c = plugin_spec(objs), gpus_container(objs)
+    registrar, plugins = f"{kubelet_dir}/plugins_registry", f"{kubelet_dir}/plugins"
+    env = env_of(c)
+    assert (env["KUBELET_REGISTRAR_DIRECTORY_PATH"], env["KUBELET_PLUGINS_DIRECTORY_PATH"]) == (registrar, plugins)
+    mounts = {m["name"]: (m["mountPath"], m.get("mountPropagation")) for m in c["volumeMounts"]}
+    assert mounts["plugins-registry"] == (registrar, None)
+    assert mounts["plugins"] == (plugins, "Bidirectional")
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert (host["plugins-registry"], host["plugins"]) == (registrar, plugins)
+
+
+def test_a_relative_kubelet_root_dir_is_refused() -> None:
+    result = render(3, set_json={**DRA, "dra.kubeletPlugin.kubeletRootDir": "var/lib/kubelet"})
+    assert not result.ok and "kubeletRootDir" in result.stderr
+
 def test_hardening_beyond_upstream() -> None:
     objs = objects()
     spec, c = plugin_spec(objs), gpus_container(objs)
