@@ -161,8 +161,8 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
     copier.start()
     releases = Releases(cluster)
     try:
-        release = install_and_wait(releases, overlay, namespace=AGENT_NAMESPACE, timeout="5m",
-                                   **{**GPU_NODE_VALUES, **mock_gpu.values(gpus.root), **values})
+        node_values: dict[str, object] = {**GPU_NODE_VALUES, **mock_gpu.values(gpus.root), **values}
+        release = install_and_wait(releases, overlay, namespace=AGENT_NAMESPACE, timeout="5m", **node_values)
         yield GpuRelease(release, gpus, cluster, real_node)
     finally:
         copier.stop()

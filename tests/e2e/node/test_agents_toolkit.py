@@ -1,0 +1,278 @@
+"""The chart's NVIDIA container toolkit DaemonSet (toolkit.enabled, the chart default) on the real node, running
+the upstream nvidia-ctk-installer v1.20.0: it installs the toolkit, writes the containerd runtime config that the
+chart's RuntimeClass names into the node's containerd config, and signals containerd as upstream does.
+
+Values a user of this node sets (the node's containerd runs with a config of its own, not /etc/containerd):
+toolkit.runtimeConfig / runtimeDropInConfig / runtimeSocket (the node's config, a drop-in beside it, its socket),
+toolkit.installDir (under the node's directory, not the machine's /usr/local), and in toolkit.extraEnv
+RUNTIME_CONFIG_SOURCE=file (the installer's default source also asks `containerd config dump`, which reads
+/etc/containerd/config.toml, not this node's config) and NVIDIA_CONTAINER_RUNTIME_RUNTIMES (see below).
+
+What stands in, and why (docs/real-node.md says the same; tests/e2e/node/agents.py lists the others):
+- five files the installer requires that are not built here (hack/image/nvidia-agent-images.sh):
+  libnvidia-container.so.1, libnvidia-container-go.so.1 and nvidia-container-cli (NVIDIA/libnvidia-container),
+  nvidia-container-runtime.cdi and .legacy (toolkit commands ../shared/gpu-node did not build). The installer only
+  copies them (test_the_installer_stops_only_for_the_files_not_built_here shows each is its only stop); nothing
+  here loads or runs them.
+- the nvidia kernel module, which this machine lacks: the runtime wrapper the installer writes runs
+  nvidia-container-runtime only when /proc/modules lists `nvidia`, else it execs the first low-level runtime,
+  NVIDIA_CONTAINER_RUNTIME_RUNTIMES, here the node's hack/node/nvidia-runtime-standin (the NVIDIA container
+  runtime's injection of the mock driver; it then runs the container as the node's default handler does).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpu_stack_dev.chartlib import find, render
+from gpu_stack_dev.e2e import agent_images, mock_gpu
+from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, unique
+from gpu_stack_dev.paths import CHART, ROOT
+
+from .agents import GpuRelease, gpu_release
+from .conftest import skip_or_fail
+from .standin import apply_pod, scratch_namespace, wait_for
+
+OVERLAY = "exclusive.yaml"
+CRI = "io.containerd.grpc.v1.cri"
+STANDIN = ROOT / "hack" / "node" / "nvidia-runtime-standin"
+
+
+def toolkit_values(real_node: Any, restart_mode: str | None = "none") -> dict[str, object]:
+    env = {"RUNTIME_CONFIG_SOURCE": "file", "NVIDIA_CONTAINER_RUNTIME_RUNTIMES": str(STANDIN)}
+    if restart_mode:
+        env["RUNTIME_RESTART_MODE"] = restart_mode
+    return {"toolkit.enabled": True,
+            "toolkit.runtimeConfig": str(real_node.dir / "containerd.toml"),
+            "toolkit.runtimeDropInConfig": str(real_node.dir / "conf.d" / "99-nvidia.toml"),
+            "toolkit.runtimeSocket": str(real_node.socket),
+            "toolkit.installDir": str(real_node.dir / "nvidia"),
+            # nvidia-ctk's create-dev-char-symlinks needs the nvidia entries of /proc/devices (see the module doc)
+            "toolkit.createDevCharSymlinks": False,
+            "toolkit.extraEnv": [{"name": k, "value": v} for k, v in env.items()]}
+
+
+def root_propagation() -> str:
+    """The propagation of this mount namespace's / ("shared:N", "master:N" or "private")."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return next((f for f in fields[6:fields.index("-")] if f.startswith(("shared:", "master:"))), "private")
+    return "private"
+
+
+@contextmanager
+def shared_host_root() -> Iterator[None]:
+    """The toolkit mounts the host's / with HostToContainer propagation, which containerd refuses unless / is a
+    shared or slave mount (`path "/" is mounted on "/" but it is not a shared or slave mount`), as a GPU node's
+    systemd makes it. This run's mount namespace is private: / is made shared in it, and private again after."""
+    before = root_propagation()
+    if before == "private":
+        subprocess.run(["mount", "--make-shared", "/"], check=True)
+    try:
+        yield
+    finally:
+        if before == "private":
+            subprocess.run(["mount", "--make-private", "/"], check=True)
+
+
+@pytest.fixture(scope="module")
+def toolkit(cluster: E2ECluster, real_node: Any) -> Iterator[GpuRelease]:
+    agent_images.load(real_node)
+    config = real_node.dir / "containerd.toml"
+    original = config.read_text()
+    try:
+        with shared_host_root(), gpu_release(cluster, real_node, OVERLAY, "t4", chart_toolkit=True,
+                                             **toolkit_values(real_node)) as release:
+            yield release
+    finally:
+        # the node's own containerd config and `nvidia` handler back for the tests after this module
+        config.write_text(original)
+        shutil.rmtree(real_node.dir / "conf.d", ignore_errors=True)
+        real_node.restart_containerd()
+
+
+def runtime_class_handler(real_node: Any) -> tuple[str, str]:
+    """(name, handler) of the RuntimeClass the chart renders with these values."""
+    values = {**mock_gpu.values(real_node.mock_driver_root), **toolkit_values(real_node), "toolkit.enabled": True}
+    (runtime_class,) = find(render(overlay=OVERLAY, set_json=values).objects(), "RuntimeClass")
+    return runtime_class["metadata"]["name"], runtime_class["handler"]
+
+
+def runtimes(config: Path) -> dict[str, Any]:
+    found: dict[str, Any] = tomllib.loads(config.read_text())["plugins"][CRI]["containerd"]["runtimes"]
+    return found
+
+
+def installed_runtime(real_node: Any) -> Path:
+    return Path(real_node.dir) / "nvidia" / "toolkit" / "nvidia-container-runtime"
+
+
+def runtime_binary(real_node: Any, container_id: str) -> bytes:
+    """The runc options containerd recorded for a container (protobuf bytes: they hold its BinaryName)."""
+    info = json.loads(real_node.ctr("containers", "info", container_id).stdout)
+    return base64.b64decode(info["Runtime"]["Options"]["value"])
+
+
+def container_of(real_node: Any, namespace: str, pod: str) -> str:
+    def running() -> str | None:
+        status = json.loads(real_node.kubectl("get", "pod", "-n", namespace, pod, "-o", "json").stdout)["status"]
+        return next((str(s["containerID"]).removeprefix("containerd://") for s in status.get("containerStatuses", [])
+                     if "running" in s.get("state", {})), None)
+    return str(wait_for(running, f"{pod} running", timeout=180))
+
+
+def test_the_toolkit_pod_is_ready_without_restarts_or_error_lines(toolkit: GpuRelease) -> None:
+    (pod,) = toolkit.pods("container-toolkit")
+    assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"] == "True"
+    assert all(s["restartCount"] == 0 for s in pod["status"]["containerStatuses"])
+    assert toolkit.error_lines("container-toolkit") == {}
+
+
+def test_the_node_containerd_config_gains_the_handler_of_the_chart_runtime_class(toolkit: GpuRelease,
+                                                                                  real_node: Any) -> None:
+    name, handler = runtime_class_handler(real_node)
+    assert toolkit.cluster.get_json("runtimeclass", name)["handler"] == handler
+    drop_in = runtimes(real_node.dir / "conf.d" / "99-nvidia.toml")
+    assert drop_in[handler]["runtime_type"] == "io.containerd.runc.v2"
+    assert drop_in[handler]["options"]["BinaryName"] == str(installed_runtime(real_node))
+    top_level = tomllib.loads((real_node.dir / "containerd.toml").read_text())
+    assert top_level["imports"] == [f"{real_node.dir}/conf.d/*.toml"]
+    # the drop-in carries the node's whole CRI section (containerd 1.6 replaces a plugin's table per file)
+    drop_in_cri = tomllib.loads((real_node.dir / "conf.d" / "99-nvidia.toml").read_text())["plugins"][CRI]
+    assert drop_in_cri["containerd"]["default_runtime_name"] == "runsc"
+    assert drop_in_cri["cni"] == top_level["plugins"][CRI]["cni"]
+
+
+def test_the_installed_runtime_runs_the_nvidia_runtime_only_with_the_kernel_module(toolkit: GpuRelease,
+                                                                                   real_node: Any) -> None:
+    wrapper = installed_runtime(real_node).read_text()
+    assert 'cat /proc/modules | grep -e "^nvidia "' in wrapper
+    assert f'exec {STANDIN} "$@"' in wrapper
+    assert f"{installed_runtime(real_node)}.real" in wrapper
+    modules = Path("/proc/modules")  # the machine lacks the module a GPU node's driver loads
+    assert not modules.exists() or not any(line.startswith("nvidia ") for line in modules.read_text().splitlines())
+
+
+def test_containerd_exits_on_the_installers_sighup_and_runs_the_runtime_class_on_the_toolkit(
+        toolkit: GpuRelease, real_node: Any) -> None:
+    # what the installer's signal restart does on a GPU node (see the module doc for why it cannot here)
+    assert real_node.restart_containerd(signal.SIGHUP) == -signal.SIGHUP
+    name, _ = runtime_class_handler(real_node)
+    with scratch_namespace(real_node, unique("toolkit")) as namespace:
+        apply_pod(real_node, namespace, "on-nvidia", gpus=None, extra={"runtimeClassName": name})
+        container = container_of(real_node, namespace, "on-nvidia")
+        assert str(installed_runtime(real_node)).encode() in runtime_binary(real_node, container)
+        # the wrapper ran the first low-level runtime (NVIDIA_CONTAINER_RUNTIME_RUNTIMES): the node's stand-in
+        log = [json.loads(line) for line in real_node.nvidia_runtime_log.read_text().splitlines()]
+        assert any(container in json.dumps(entry) for entry in log)
+
+
+def test_the_device_plugin_restarted_on_the_toolkit_handler_is_ready(toolkit: GpuRelease, real_node: Any) -> None:
+    (old,) = toolkit.pods("device-plugin")
+    toolkit.cluster.kubectl("delete", "pod", "-n", toolkit.release.namespace, old["metadata"]["name"], "--wait")
+
+    def ready() -> dict[str, Any] | None:
+        for pod in toolkit.pods("device-plugin"):
+            if {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}.get("Ready") == "True":
+                return pod
+        return None
+    pod = wait_for(ready, "a new device plugin pod Ready", timeout=240)
+    plugin = pod["status"]["containerStatuses"][0]
+    assert str(installed_runtime(real_node)).encode() in runtime_binary(
+        real_node, str(plugin["containerID"]).removeprefix("containerd://"))
+    assert toolkit.error_lines("device-plugin") == {}
+
+
+def test_under_gvisor_the_installers_sighup_reaches_the_installer_not_containerd(toolkit: GpuRelease,
+                                                                                  real_node: Any) -> None:
+    """Without RUNTIME_RESTART_MODE=none the installer signals the pid the socket's peer credentials give; from a
+    gVisor sandbox that is not containerd's: the installer itself gets the SIGHUP and runs its cleanup at once."""
+    containerd = real_node.procs["containerd"]
+    values = toolkit_values(real_node, restart_mode=None)
+    Releases(toolkit.cluster).helm_for(toolkit.release.helm_major)(
+        "upgrade", toolkit.release.name, str(CHART), "-n", toolkit.release.namespace, "--reuse-values",
+        "--set-json", f"toolkit.extraEnv={json.dumps(values['toolkit.extraEnv'])}")
+
+    def signalled_itself() -> list[str] | None:
+        for pod in toolkit.pods("container-toolkit"):
+            for previous in ("--previous=false", "--previous=true"):
+                log = toolkit.cluster.kubectl("logs", "-n", toolkit.release.namespace, pod["metadata"]["name"], "-c",
+                                              "nvidia-container-toolkit", previous, check=False).stdout
+                lines = [line for line in log.splitlines() if "msg=" in line]
+                messages = [line.split("msg=", 1)[1].strip('"') for line in lines]
+                if "Successfully signaled containerd" in messages and "Starting 'cleanup' for nvidia-ctk-installer" \
+                        in messages:
+                    return messages
+        return None
+    messages = wait_for(signalled_itself, "the installer's SIGHUP and its cleanup", timeout=240)
+    assert messages.index("Waiting for signal") == messages.index("Successfully signaled containerd") + 2
+    assert messages.index("Starting 'cleanup' for nvidia-ctk-installer") == messages.index("Waiting for signal") + 1
+    assert containerd is real_node.procs["containerd"] and containerd.poll() is None
+
+
+# --- the installer itself, outside the node: each stand-in is the only thing it stops for -------------------------
+STANDINS = {"usr/lib/x86_64-linux-gnu/libnvidia-container.so.1": "error locating library: libnvidia-container.so.1",
+            "usr/lib/x86_64-linux-gnu/libnvidia-container-go.so.1":
+                "error locating library: libnvidia-container-go.so.1",
+            "usr/bin/nvidia-container-cli": "error locating executable: nvidia-container-cli",
+            "usr/bin/nvidia-container-runtime.cdi": "error locating executable: nvidia-container-runtime.cdi",
+            "usr/bin/nvidia-container-runtime.legacy": "error locating executable: nvidia-container-runtime.legacy"}
+
+
+def image_files(archive: Path, into: Path) -> Path:
+    """The toolkit image's /work and /artifacts, unpacked from its docker-archive under `into`."""
+    with tarfile.open(archive) as image:
+        manifest = json.load(image.extractfile("manifest.json"))  # type: ignore[arg-type]
+        for layer in manifest[0]["Layers"]:
+            with tarfile.open(fileobj=image.extractfile(layer)) as files:
+                wanted = [m for m in files.getmembers() if m.name.split("/")[0] in ("work", "artifacts")]
+                files.extractall(into, members=wanted, filter="tar")
+    return into
+
+
+def install(files: Path, source: Path, into: Path) -> subprocess.CompletedProcess[str]:
+    """nvidia-ctk-installer's toolkit install from `source` into `into`, without configuring a runtime."""
+    env = {"PATH": "/usr/bin:/bin", "NO_RUNTIME_CONFIG": "true", "NO_DAEMON": "true",
+           "TOOLKIT_SOURCE_ROOT": str(source), "TOOLKIT_INSTALL_DIR": str(into),
+           "TOOLKIT_PID_FILE": str(into / "toolkit.pid"), "CDI_ENABLED": "false"}
+    return subprocess.run([str(files / "work" / "nvidia-ctk-installer")], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def toolkit_image_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    archive = agent_images.archives()["toolkit"]
+    if not archive.is_file():
+        skip_or_fail(f"{archive} is missing: `make e2e-image` builds it")
+    return image_files(archive, tmp_path_factory.mktemp("toolkit-image"))
+
+
+def test_the_installer_installs_from_the_image_with_the_stand_ins(toolkit_image_files: Path, tmp_path: Path) -> None:
+    proc = install(toolkit_image_files, toolkit_image_files / "artifacts" / "deb", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert os.access(tmp_path / "toolkit" / "nvidia-container-runtime", os.X_OK)
+
+
+@pytest.mark.parametrize("standin", sorted(STANDINS))
+def test_the_installer_stops_only_for_the_files_not_built_here(toolkit_image_files: Path, tmp_path: Path,
+                                                               standin: str) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(toolkit_image_files / "artifacts" / "deb", source, symlinks=True)
+    (source / standin).unlink()
+    proc = install(toolkit_image_files, source, tmp_path / "install")
+    assert proc.returncode == 1
+    (error,) = [line for line in proc.stderr.splitlines() if "level=error" in line]
+    assert f"{STANDINS[standin]}: not found" in error
