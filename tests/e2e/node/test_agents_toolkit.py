@@ -39,6 +39,7 @@ import pytest
 from gpu_stack_dev.chartlib import find, render
 from gpu_stack_dev.e2e import agent_images, mock_gpu
 from gpu_stack_dev.e2e.e2elib import E2ECluster, Releases, unique
+from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE
 from gpu_stack_dev.paths import CHART, ROOT
 
 from .agents import GpuRelease, gpu_release
@@ -91,6 +92,8 @@ def shared_host_root() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def toolkit(cluster: E2ECluster, real_node: Any) -> Iterator[GpuRelease]:
     agent_images.load(real_node)
+    # unpacked now, without the kubelet's 2-minute deadline on CreateContainer (a loaded machine misses it)
+    real_node.ctr("images", "import", "--snapshotter", "native", str(IMAGE_ARCHIVE))
     config = real_node.dir / "containerd.toml"
     original = config.read_text()
     try:
