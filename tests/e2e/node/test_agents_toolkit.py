@@ -1,23 +1,29 @@
 """The chart's NVIDIA container toolkit DaemonSet (toolkit.enabled, the chart default) on the real node, running
-the upstream nvidia-ctk-installer v1.20.0: it installs the toolkit, writes the containerd runtime config that the
-chart's RuntimeClass names into the node's containerd config, and signals containerd as upstream does.
+the upstream nvidia-ctk-installer v1.20.0: it installs the toolkit and writes the containerd runtime config that the
+chart's RuntimeClass names into the node's containerd config (docs/real-node.md, "The container toolkit", cites the
+upstream code).
 
-Values a user of this node sets (the node's containerd runs with a config of its own, not /etc/containerd):
+Values a user of this node sets (its containerd runs with a config of its own, not /etc/containerd):
 toolkit.runtimeConfig / runtimeDropInConfig / runtimeSocket (the node's config, a drop-in beside it, its socket),
-toolkit.installDir (under the node's directory, not the machine's /usr/local), and in toolkit.extraEnv
-RUNTIME_CONFIG_SOURCE=file (the installer's default source also asks `containerd config dump`, which reads
-/etc/containerd/config.toml, not this node's config) and NVIDIA_CONTAINER_RUNTIME_RUNTIMES (see below).
+toolkit.installDir (under the node's directory, not the machine's /usr/local), toolkit.createDevCharSymlinks=false,
+and in toolkit.extraEnv RUNTIME_CONFIG_SOURCE=file (the installer's default source also asks `containerd config
+dump`, which reads /etc/containerd/config.toml), NVIDIA_CONTAINER_RUNTIME_RUNTIMES and RUNTIME_RESTART_MODE=none.
 
 What stands in, and why (docs/real-node.md says the same; tests/e2e/node/agents.py lists the others):
 - five files the installer requires that are not built here (hack/image/nvidia-agent-images.sh):
   libnvidia-container.so.1, libnvidia-container-go.so.1 and nvidia-container-cli (NVIDIA/libnvidia-container),
   nvidia-container-runtime.cdi and .legacy (toolkit commands ../shared/gpu-node did not build). The installer only
-  copies them (test_the_installer_stops_only_for_the_files_not_built_here shows each is its only stop); nothing
-  here loads or runs them.
+  copies them, and each is the only thing it stops for (test_the_installer_stops_only_for_the_files_not_built_here).
 - the nvidia kernel module, which this machine lacks: the runtime wrapper the installer writes runs
   nvidia-container-runtime only when /proc/modules lists `nvidia`, else it execs the first low-level runtime,
-  NVIDIA_CONTAINER_RUNTIME_RUNTIMES, here the node's hack/node/nvidia-runtime-standin (the NVIDIA container
-  runtime's injection of the mock driver; it then runs the container as the node's default handler does).
+  NVIDIA_CONTAINER_RUNTIME_RUNTIMES, here the node's hack/node/nvidia-runtime-standin (the NVIDIA runtime's
+  injection of the mock driver), which runs the container as the node's default handler does.
+- the installer's SIGHUP to containerd: from a gVisor sandbox the socket's peer credentials do not name containerd
+  and the signal reaches the installer itself (the last test shows it), so the release sets RUNTIME_RESTART_MODE=none
+  and the test sends containerd the SIGHUP, then starts it again as systemd's Restart=always does.
+- create-dev-char-symlinks needs /proc/devices with the driver's nvidia entries; a gVisor sandbox has no
+  /proc/devices and nvidia-ctk panics (nil device table), hence toolkit.createDevCharSymlinks=false.
+- / made a shared mount in this run's mount namespace (shared_host_root), as a GPU node's systemd makes it.
 """
 
 from __future__ import annotations
