@@ -162,13 +162,13 @@ def test_the_installed_runtime_runs_the_nvidia_runtime_only_with_the_kernel_modu
 
 
 def writers(path: Path) -> list[str]:
-    """The command names of the processes holding `path` open for writing."""
+    """The first word of the command lines of the processes holding `path` open for writing."""
     found = []
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
             if os.readlink(fd) == str(path) and int((fd.parent.parent / "fdinfo" / fd.name).read_text().split()[3],
                                                     8) & os.O_ACCMODE != os.O_RDONLY:
-                found.append((fd.parent.parent / "comm").read_text().strip())
+                found.append((fd.parent.parent / "cmdline").read_bytes().split(b"\0")[0].decode())
         except (OSError, IndexError, ValueError):
             continue
     return found
