@@ -162,12 +162,14 @@ def test_the_installed_runtime_runs_the_nvidia_runtime_only_with_the_kernel_modu
 
 
 def writers(path: Path) -> list[str]:
-    """The first word of the command lines of the processes holding `path` open for writing."""
+    """The first word of the command lines of the processes holding `path` open for writing (a gVisor gofer sees
+    the host's files under its own root, /root: its descriptors read /root<path>)."""
     found = []
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
-            if os.readlink(fd) == str(path) and int((fd.parent.parent / "fdinfo" / fd.name).read_text().split()[3],
-                                                    8) & os.O_ACCMODE != os.O_RDONLY:
+            if os.readlink(fd) not in (str(path), f"/root{path}"):
+                continue
+            if int((fd.parent.parent / "fdinfo" / fd.name).read_text().split()[3], 8) & os.O_ACCMODE != os.O_RDONLY:
                 found.append((fd.parent.parent / "cmdline").read_bytes().split(b"\0")[0].decode())
         except (OSError, IndexError, ValueError):
             continue
