@@ -8,7 +8,10 @@
 #            /usr/bin/{config-manager,gpu-feature-discovery,mps-control-daemon,nvidia-device-plugin}
 #   DIR/container-toolkit.tar  REF_TOOLKIT         nvidia-container-toolkit v1.20.0 deployments/container/Dockerfile
 #            (application): /work/nvidia-ctk-installer (+ /work/nvidia-toolkit), the toolkit binaries under
-#            /artifacts/deb/usr/bin; libnvidia-container (nvidia-container-cli) is not built here
+#            /artifacts/deb/usr/bin. Five files the installer requires are not built here, so each is a
+#            stand-in that fails loudly if anything loads or runs it (toolkit_standins below): libnvidia-container.so.1,
+#            libnvidia-container-go.so.1 and nvidia-container-cli (NVIDIA/libnvidia-container, C), and
+#            nvidia-container-runtime.{cdi,legacy} (Go commands of the toolkit that ../shared/gpu-node did not build)
 #   DIR/k8s-mig-manager.tar    REF_MIG_MANAGER     mig-parted v0.15.0 deployments/container/Dockerfile:
 #            /usr/bin/{nvidia-mig-parted,nvidia-mig-manager,nvidia-ctk}, /var/run -> /run
 #   DIR/dra-driver.tar         REF_DRA             dra-driver-nvidia-gpu v0.4.1 (the newest release; the chart's
@@ -82,12 +85,27 @@ COPY config-manager gpu-feature-discovery mps-control-daemon nvidia-device-plugi
 ENTRYPOINT ["nvidia-device-plugin"]
 EOF
 
+toolkit_standins() { # the files nvidia-ctk-installer v1.20.0 requires that are not built here (see the header)
+  local lib cmd
+  mkdir -p "$work/bin/standin-lib" "$work/bin/standin-bin"
+  for lib in libnvidia-container.so.1 libnvidia-container-go.so.1; do
+    printf 'gpu-stack stand-in for %s (NVIDIA/libnvidia-container, not built here): not a library\n' "$lib" \
+      >"$work/bin/standin-lib/$lib"
+  done
+  for cmd in nvidia-container-cli nvidia-container-runtime.cdi nvidia-container-runtime.legacy; do
+    printf '#!/bin/sh\necho "gpu-stack stand-in for %s: not built here" >&2\nexit 1\n' "$cmd" >"$work/bin/standin-bin/$cmd"
+    chmod 755 "$work/bin/standin-bin/$cmd"
+  done
+}
+[[ -s "$out/container-toolkit.tar" ]] || toolkit_standins
 build container-toolkit "$REF_TOOLKIT" <<EOF
 FROM $base
 WORKDIR /work
 COPY nvidia-ctk-installer /work/nvidia-ctk-installer
 RUN ["/busybox/ln", "-s", "nvidia-ctk-installer", "/work/nvidia-toolkit"]
 COPY nvidia-ctk nvidia-cdi-hook nvidia-container-runtime nvidia-container-runtime-hook /artifacts/deb/usr/bin/
+COPY standin-bin/ /artifacts/deb/usr/bin/
+COPY standin-lib/ /artifacts/deb/usr/lib/x86_64-linux-gnu/
 ENV PATH=/work:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox
 ENV NVIDIA_DISABLE_REQUIRE=true NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=utility
 ENTRYPOINT ["/work/nvidia-ctk-installer"]

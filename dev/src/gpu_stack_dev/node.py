@@ -213,6 +213,9 @@ state = "{self.dir}/containerd/state"
 [{cri}.registry]
   config_path = "{self.registry_config_dir}"
 """)
+        self._spawn_containerd()
+
+    def _spawn_containerd(self) -> None:
         self._spawn("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")],
                     env={"RUNSC_WRAP_STATE": str(self.dir / "runsc-wrap-state"),
                          "NVIDIA_RUNTIME_STANDIN_LOG": str(self.nvidia_runtime_log),
@@ -222,6 +225,16 @@ state = "{self.dir}/containerd/state"
             if time.monotonic() > deadline or self.procs["containerd"].poll() is not None:
                 raise NodeError(f"containerd did not start\n{self.log_tail('containerd')}")
             time.sleep(0.3)
+
+    def restart_containerd(self, signum: int = signal.SIGTERM) -> int:
+        """Send containerd `signum`, wait for it to exit, and start it again with its config file as it is now (what
+        systemd's Restart=always does on a node; the shims and their containers keep running). Returns how the old
+        process ended (Popen.returncode: -signum when the signal ended it)."""
+        old = self.procs["containerd"]
+        old.send_signal(signum)
+        code = old.wait(timeout=60)
+        self._spawn_containerd()
+        return code
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(["ctr", "-a", str(self.socket), "-n", "k8s.io", *args], capture_output=True, text=True,
