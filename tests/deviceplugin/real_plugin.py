@@ -6,14 +6,13 @@ The plugin serves on the fixed path /var/lib/kubelet/device-plugins/nvidia-<name
 pluginapi.DevicePluginPath, internal/plugin/server.go getPluginSocketPath, v0.20.0). It runs in a mount namespace
 of its own where that directory is the test's plugin directory (`unshare -m`, a tmpfs on /var/lib): its sockets
 and the fake kubelet's are the same files, and nothing on the machine's /var/lib is touched. The driver is a mock
-driver root (mock_gpu.lay_out) whose profile keeps the first `gpus` GPUs, with the plugin pointed at it as the
+driver root (mock_gpu.lay_out) with the profile's first `gpus` GPUs, with the plugin pointed at it as the
 chart's values point a preinstalled driver: NVIDIA_DRIVER_ROOT and NVIDIA_DEV_ROOT (with passDeviceSpecs the
 plugin hands <dev root>/dev/nvidiaN)."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,17 +27,6 @@ DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"
 
 class RealPluginUnavailable(RuntimeError):
     """The binary or the mount namespace it needs cannot be had here."""
-
-
-def trimmed_profile(profile: str, gpus: int) -> str:
-    """The mock profile with only its first `gpus` devices (the mock enumerates the `devices` list)."""
-    text = (mock_gpu.unpacked() / "profiles" / mock_gpu.PROFILES[profile]).read_text()
-    head, rest = text.split("\ndevices:\n", 1)
-    entries = re.split(r"\n(?=  - index: )", rest.split("\n# ====", 1)[0].strip("\n"))
-    tail = rest[rest.index("\n# ===="):] if "\n# ====" in rest else "\n"
-    if gpus > len(entries):
-        raise ValueError(f"the {profile} profile has {len(entries)} GPUs, not {gpus}")
-    return f"{head}\ndevices:\n" + "\n".join(entries[:gpus]) + "\n" + tail
 
 
 def plugin_config(objects: list[dict[str, Any]], name: str | None = None) -> str:
@@ -68,8 +56,7 @@ class RealPlugin:
             raise RealPluginUnavailable("the real plugin's fixed socket path needs `unshare -m` as root")
         self.binary = files / "nvidia-device-plugin"
         self.dev_root = work / "driver"
-        mock_gpu.lay_out(self.dev_root, profile)
-        (self.dev_root / "config" / "config.yaml").write_text(trimmed_profile(profile, gpus))
+        mock_gpu.lay_out(self.dev_root, profile, gpus)
         self.config = work / "plugin-config.yaml"
         self.config.write_text(plugin_config(objects, config))
         self.log = work / "plugin.log"

@@ -16,7 +16,7 @@ from gpu_stack_dev.chartlib import render
 from gpu_stack_dev.e2e import mock_gpu
 from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 
-from .real_plugin import plugin_config, trimmed_profile
+from .real_plugin import plugin_config
 
 GPUS = 2
 # (overlay, device plugin config; None: the chart's default)
@@ -43,7 +43,7 @@ def real_gfd_labels(config: str, work: Path) -> dict[str, str]:
         if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    (work / "profile.yaml").write_text(trimmed_profile("a100", GPUS))
+    (work / "profile.yaml").write_text(mock_gpu.trimmed_profile("a100", GPUS))
     (work / "config.yaml").write_text(config)
     out = work / "labels"
     proc = subprocess.run(

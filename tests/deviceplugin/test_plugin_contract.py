@@ -31,7 +31,7 @@ from tests.e2e.deviceplugin.model import mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import StandInPlugin
 
 from .kubelet_fake import FakeKubelet, Watch
-from .real_plugin import RealPlugin, RealPluginUnavailable, trimmed_profile
+from .real_plugin import RealPlugin, RealPluginUnavailable
 
 STAND_IN, REAL = "stand-in", "nvidia-device-plugin-v0.20.0"
 MOUNT_ROOT = "/var/run/nvidia-container-devices"
@@ -104,7 +104,7 @@ def start(request: pytest.FixtureRequest, plugin_dir: Path, tmp_path: Path) -> I
                 stack.callback(lambda: print(real.output()))  # the binary's log, when a test fails
                 return Running(kubelet, real.dev_root)
             dev_root = tmp_path / "driver"
-            (tmp_path / "profile.yaml").write_text(trimmed_profile(profile, gpus))
+            (tmp_path / "profile.yaml").write_text(mock_gpu.trimmed_profile(profile, gpus))
             _, uuids, _ = mock_gpu.read_profile(tmp_path / "profile.yaml")
             spec = NodeSpec("node1", gpus=gpus, model=FLEET_MODEL[profile], config=config)
             plugin = node_plugin(spec, ChartSharing.from_objects(objects), mps_root=mps_root_of(objects),
