@@ -65,7 +65,8 @@ def test_a_pod_the_webhook_admits_gets_the_real_plugins_mps_answer(mps: GpuRelea
         assert mps.webhook_allowed() == before + 1  # the webhook's /validate admitted it, not only CEL
         visible, devices = seen(real_node, namespace, "client")
         assert visible == "/var/run/nvidia-container-devices" and len(devices) == 1 and devices[0] in mps.gpus.uuids
-        pipe = real_node.kubectl("exec", "-n", namespace, "client", "--", "printenv", "CUDA_MPS_PIPE_DIRECTORY")
+        pipe = real_node.kubectl("exec", "-n", namespace, "client", "--", "sh", "-c",
+                                 "echo $CUDA_MPS_PIPE_DIRECTORY")
         assert pipe.stdout.strip() == PIPE_DIR
 
 
