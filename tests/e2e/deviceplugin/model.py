@@ -14,7 +14,7 @@ numbers. Upstream facts, all at v0.20.0:
   duplicates; `envvar` sets NVIDIA_VISIBLE_DEVICES to them, joined by commas; `volume-mounts` sets it to
   /var/run/nvidia-container-devices and mounts /dev/null at /var/run/nvidia-container-devices/<id> for each
   (updateResponseForDeviceMounts, after envvar, so it wins when both are listed); `cdi-annotations` adds
-  the annotation `cdi.k8s.io/nvidia-device-plugin_<random UUID>` = `nvidia.com/gpu=<id>,...` and
+  the annotation `cdi.k8s.io/nvidia-device-plugin_<random UUID>` = `k8s.device-plugin.nvidia.com/gpu=<id>,...` and
   `cdi-cri` the CDI device names (updateResponseForCDI; tags.cncf.io/container-device-interface
   pkg/cdi/annotations.go, pkg/parser/parser.go QualifiedName); with only CDI strategies nothing else is
   set. passDeviceSpecs adds /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia-modeset
@@ -64,7 +64,7 @@ VOLUME_MOUNTS_HOST_PATH = "/dev/null"  # server.go deviceListAsVolumeMountsHostP
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"  # server.go deviceListAsVolumeMountsContainerPathRoot
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"  # api/config/v1/consts.go DefaultCDIAnnotationPrefix
 CDI_PLUGIN_NAME = "nvidia-device-plugin"  # server.go getCDIDeviceAnnotations
-CDI_VENDOR = "nvidia.com"
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"  # cmd/nvidia-device-plugin/plugin-manager.go cdi.WithVendor
 MPS_CONTAINER_ROOT = "/mps"  # cmd/mps-control-daemon/mps/root.go ContainerRoot
 MPS_SHM_IN_CONTAINER = "/dev/shm"  # cmd/mps-control-daemon/mps/daemon.go ShmDir
 # nvml_manager.go GetDevicePaths; server.go apiDeviceSpecs drops each one that does not exist.
@@ -248,10 +248,11 @@ def _made_up_uuid(prefix: str, *parts: object) -> str:
 
 
 def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvidia/mps",
-                gpu_seed: str | None = None) -> NodePlugin:
+                gpu_seed: str | None = None, gpu_uuids: Sequence[str] | None = None) -> NodePlugin:
     """The stand-in for the node `spec` of a release whose device plugin inputs are `sharing` (the same
     derivation as fleet.plan: the resource names and counts agree with what the fleet publishes). The GPU
-    and MIG UUIDs are made up from `gpu_seed` (default: the node's name): another seed, other GPUs."""
+    UUIDs are `gpu_uuids` (a mock NVML profile's, to answer as the real plugin on it does), else made up, as
+    the MIG UUIDs are, from `gpu_seed` (default: the node's name): another seed, other GPUs."""
     if spec.gpus <= 0:
         raise FleetError(f"node {spec.name}: no GPUs, no device plugin")
     model = GPU_MODELS[spec.model]
@@ -264,7 +265,9 @@ def node_plugin(spec: NodeSpec, sharing: ChartSharing, mps_root: str = "/run/nvi
     strategy = plugin_flags.get("deviceListStrategy") or ["volume-mounts"]
     id_strategy = str(plugin_flags.get("deviceIDStrategy") or "uuid")
     seed = gpu_seed if gpu_seed is not None else spec.name
-    gpus = [(i, _made_up_uuid("GPU", seed, i)) for i in range(spec.gpus)]
+    if gpu_uuids is not None and len(gpu_uuids) != spec.gpus:
+        raise FleetError(f"node {spec.name}: {spec.gpus} GPUs but {len(gpu_uuids)} UUIDs")
+    gpus = [(i, gpu_uuids[i] if gpu_uuids is not None else _made_up_uuid("GPU", seed, i)) for i in range(spec.gpus)]
 
     def gpu_id(index: int, gpu_uuid: str) -> str:
         return gpu_uuid if id_strategy == "uuid" else str(index)

@@ -140,14 +140,16 @@ def share_mps_root(real_node: Any) -> None:
 
 
 @contextmanager
-def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str, *, chart_toolkit: bool = False,
+def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str, gpus: int | None = None, *,
+                chart_toolkit: bool = False,
                 **values: object) -> Iterator[GpuRelease]:
-    """The chart installed with `overlay` on a node whose mock driver has `profile`'s GPUs, `--wait`ed (every
+    """The chart installed with `overlay` on a node whose mock driver has `profile`'s GPUs (its first `gpus`, or
+    all), `--wait`ed (every
     agent pod Ready), NFD's master standing in; uninstalled after, with the GPU label and the copied labels
     removed and the kubelet's devices withdrawn (allocatable 0) so the next release starts from nothing.
     `chart_toolkit`: the chart's own toolkit DaemonSet and RuntimeClass instead of a preinstalled toolkit;
     `values` override GPU_NODE_VALUES."""
-    gpus = mock_gpu.lay_out(real_node.mock_driver_root, profile)
+    mock = mock_gpu.lay_out(real_node.mock_driver_root, profile, gpus)
     share_mps_root(real_node)
     # the RuntimeClass the preinstalled toolkit's admin creates; removed after, since a release that runs the
     # chart's toolkit creates its own of that name
@@ -161,9 +163,9 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
     copier.start()
     releases = Releases(cluster)
     try:
-        node_values: dict[str, object] = {**GPU_NODE_VALUES, **mock_gpu.values(gpus.root), **values}
+        node_values: dict[str, object] = {**GPU_NODE_VALUES, **mock_gpu.values(mock.root), **values}
         release = install_and_wait(releases, overlay, namespace=AGENT_NAMESPACE, timeout="5m", **node_values)
-        yield GpuRelease(release, gpus, cluster, real_node)
+        yield GpuRelease(release, mock, cluster, real_node)
     finally:
         copier.stop()
         releases.cleanup()

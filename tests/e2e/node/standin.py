@@ -1,5 +1,6 @@
 """The stand-in device plugin on the real node and the pods that read what they were given, shared by the
-node tests that need GPUs (test_gpus.py, test_patches.py). `node` is the real_node fixture's Node."""
+node tests (the stand-in in test_gpus.py and test_patches.py; the pod helpers everywhere). `node` is the
+real_node fixture's Node."""
 
 from __future__ import annotations
 

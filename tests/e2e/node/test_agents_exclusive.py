@@ -76,3 +76,29 @@ def test_the_real_plugin_refuses_nothing_the_webhook_admits(a100: GpuRelease, re
     finally:
         real_node.kubectl("delete", "pod", "-n", "kube-system", name, "--force", "--grace-period=0",
                           "--ignore-not-found", check=False)
+
+
+def test_each_pod_sees_exactly_the_gpu_allocated_to_it(a100: GpuRelease, real_node: Any) -> None:
+    wait_for(lambda: allocatable(real_node) == str(a100.gpus.count), "every GPU advertised")
+    with scratch_namespace(real_node, unique("agents")) as namespace:
+        for name in ("a", "b"):
+            apply_pod(real_node, namespace, name, gpus=1)
+        (a, (gpu_a,)), (b, (gpu_b,)) = (seen(real_node, namespace, name) for name in ("a", "b"))
+    assert a == b == VOLUME_MOUNTS_ROOT
+    assert gpu_a != gpu_b and {gpu_a, gpu_b} <= set(a100.gpus.uuids)
+
+
+def test_the_pod_spec_env_wins_over_the_real_plugins_nvidia_visible_devices(a100: GpuRelease, real_node: Any) -> None:
+    """The kubelet puts the plugin's envs first and the container's env after them (pkg/kubelet/kubelet_pods.go
+    GenerateRunContainerOptions, v1.36); the last value is what the container sees, so a pod that sets the
+    variable overrides the real Allocate's answer. This is why the webhook refuses it (GPU002): kube-system is
+    exempt, so the pod gets there as written."""
+    wait_for(lambda: allocatable(real_node) == str(a100.gpus.count), "every GPU advertised")
+    name = unique("env")
+    try:
+        apply_pod(real_node, "kube-system", name, gpus=1, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+        visible, devices = seen(real_node, "kube-system", name)
+        assert visible == "all" and len(devices) == 1 and devices[0] in a100.gpus.uuids
+    finally:
+        real_node.kubectl("delete", "pod", "-n", "kube-system", name, "--force", "--grace-period=0",
+                          "--ignore-not-found", check=False)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from gpu_stack_dev.e2e import agent_images
-from gpu_stack_dev.e2e.e2elib import E2ECluster
+from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
 
 from .agents import GpuRelease, allocatable, gpu_release, node_labels
-from .standin import wait_for
+from .standin import apply_pod, scratch_namespace, seen, wait_for
 
 OVERLAY = "mps-x10.yaml"
 REPLICAS = 10
@@ -52,6 +52,22 @@ def test_gfd_labels_the_node_mps_capable_and_the_daemon_starts_there(mps: GpuRel
 def test_allocatable_is_what_the_real_plugin_advertises(mps: GpuRelease, real_node: Any) -> None:
     promised = str(mps.gpus.count * REPLICAS)
     assert wait_for(lambda: allocatable(real_node) == promised, f"allocatable {promised}", timeout=180)
+
+
+def test_a_pod_the_webhook_admits_gets_the_real_plugins_mps_answer(mps: GpuRelease, real_node: Any) -> None:
+    """The kubelet hands the container the real plugin's MPS Allocate answer: the daemon's pipe directory
+    (internal/plugin/mps.go updateReponse, v0.20.0) and the GPU the replica belongs to."""
+    wait_for(lambda: allocatable(real_node) == str(mps.gpus.count * REPLICAS), "every MPS replica advertised",
+             timeout=180)
+    with scratch_namespace(real_node, unique("agents")) as namespace:
+        before = mps.webhook_allowed()
+        apply_pod(real_node, namespace, "client", gpus=1)
+        assert mps.webhook_allowed() == before + 1  # the webhook's /validate admitted it, not only CEL
+        visible, devices = seen(real_node, namespace, "client")
+        assert visible == "/var/run/nvidia-container-devices" and len(devices) == 1 and devices[0] in mps.gpus.uuids
+        pipe = real_node.kubectl("exec", "-n", namespace, "client", "--", "sh", "-c",
+                                 "echo $CUDA_MPS_PIPE_DIRECTORY")
+        assert pipe.stdout.strip() == PIPE_DIR
 
 
 def liveness(real_node: Any, pod: dict[str, Any]) -> int:

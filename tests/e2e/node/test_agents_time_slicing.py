@@ -1,7 +1,7 @@
-"""Chart-values-examples/time-slicing-t4-x4.yaml on a node with 4 mock T4s: the chart's device plugin and GFD
+"""Chart-values-examples/time-slicing-t4-x4.yaml on a node with one mock T4: the chart's device plugin and GFD
 DaemonSets run the upstream k8s-device-plugin v0.20.0 binaries (tests/e2e/node/agents.py says what stands in),
 the webhook in front. What the real plugin advertises, labels, allocates and refuses is what the chart and the
-webhook promise."""
+webhook promise. One GPU, so that its four replicas are all the node has: a fifth pod finds none left."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PLUGIN_REFUSAL = "maximum request size for shared resources is 1"
 @pytest.fixture(scope="module")
 def t4(cluster: E2ECluster, real_node: Any) -> Iterator[GpuRelease]:
     agent_images.load(real_node)
-    with gpu_release(cluster, real_node, OVERLAY, "t4") as release:
+    with gpu_release(cluster, real_node, OVERLAY, "t4", gpus=1) as release:
         yield release
 
 
@@ -44,7 +44,7 @@ def test_the_agents_pods_are_ready_without_restarts_or_error_lines(t4: GpuReleas
 
 def test_allocatable_is_what_the_real_plugin_advertises_and_the_overlay_promises(
         t4: GpuRelease, real_node: Any) -> None:
-    promised = str(t4.gpus.count * replicas())  # 4 T4s x 4 replicas
+    promised = str(t4.gpus.count * replicas())  # 1 T4 x 4 replicas
     assert wait_for(lambda: allocatable(real_node) == promised, f"allocatable nvidia.com/gpu {promised}")
     status = json.loads(real_node.kubectl("get", "node", real_node.node_name, "-o", "json").stdout)["status"]
     assert status["capacity"]["nvidia.com/gpu"] == promised
@@ -64,6 +64,24 @@ def test_gfd_labels_the_node_with_the_shared_product_and_its_replicas(t4: GpuRel
         labels = node_labels(real_node)
         return all(labels.get(k) == v for k, v in expected.items())
     assert wait_for(labelled, f"GFD's labels {expected}", timeout=120), node_labels(real_node)
+
+
+def test_four_pods_share_the_one_gpu_and_a_fifth_stays_pending(t4: GpuRelease, real_node: Any) -> None:
+    """The kubelet hands each pod a replica from the real plugin; what reaches the container is the GPU's UUID
+    (internal/plugin/server.go getAllocateResponse strips the replica suffix, v0.20.0)."""
+    wait_for(lambda: allocatable(real_node) == str(replicas()), "every replica advertised")
+    with scratch_namespace(real_node, unique("agents")) as namespace:
+        for i in range(replicas() + 1):
+            apply_pod(real_node, namespace, f"p{i}", gpus=1)
+        (gpu,) = t4.gpus.uuids
+        assert [seen(real_node, namespace, f"p{i}") for i in range(replicas())] == [
+            (VOLUME_MOUNTS_ROOT, [gpu])] * replicas()
+
+        def pending_reason() -> str | None:
+            pod = json.loads(real_node.kubectl("get", "pod", "-n", namespace, f"p{replicas()}", "-o", "json").stdout)
+            return next((str(c["message"]) for c in pod["status"].get("conditions") or ()
+                         if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+        assert "Insufficient nvidia.com/gpu" in wait_for(pending_reason, "the fifth pod unschedulable")
 
 
 def test_a_pod_the_webhook_admits_runs_with_the_device_the_real_plugin_allocated(

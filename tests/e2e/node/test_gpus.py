@@ -1,5 +1,10 @@
-"""GPUs on a real kubelet: the stand-in device plugin (tests/e2e/deviceplugin) registered with the node's
-device manager, pods run by containerd under gVisor. Uses the `real_node` fixture (tests/e2e/node/conftest.py;
+"""What the real device plugin cannot show on the mock NVML, shown on a real kubelet with the stand-in device plugin
+(tests/e2e/deviceplugin) registered with the node's device manager, pods run by containerd under gVisor: MIG
+resources (the mock creates no MIG devices) and a device turning Unhealthy (the mock raises no XID events). The
+stand-in's answers are the real plugin's wherever both can answer (tests/deviceplugin/test_plugin_contract.py);
+the rest of what a GPU node does is shown with the real agents (test_agents_*.py).
+
+Uses the `real_node` fixture (tests/e2e/node/conftest.py;
 each test skips without it) through `.kubectl(*args)`, `.kubelet_root`, `.node_name` and
 `.run_in_netns(cmd)` (starts a process in the node's network namespace, returns its Popen).
 
@@ -23,10 +28,9 @@ from typing import Any
 import pytest
 from gpu_stack_dev.e2e.e2elib import unique
 
-from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT
 from tests.e2e.deviceplugin.server import write_health
 
-from .standin import StandIn, apply_pod, gpu_resources, scratch_namespace, seen, wait_for
+from .standin import StandIn, apply_pod, gpu_resources, scratch_namespace, wait_for
 
 # (overlay, GPU model, GPUs): measured on a kubelet v1.36.2 node, capacity == allocatable == the fleet's.
 # Only the MIG overlays: the real device plugin shows the others' numbers (test_agents_*.py); NVIDIA's mock NVML
@@ -74,60 +78,13 @@ def test_capacity_and_allocatable_are_what_the_chart_and_the_fleet_promise(
     wait_for(lambda: gpu_resources(node, promised) == (promised, promised), f"{promised} on {node.node_name}")
 
 
-def test_each_container_sees_exactly_the_devices_allocated_to_it(
-        node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
-    plugin = standin("default", "Tesla-T4", 2)
-    gpus = {d.id for d in plugin.plugin.resources[0].devices}
-    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "2 GPUs")
-    for name in ("a", "b"):
-        apply_pod(node, namespace, name, gpus=1)
-    by_pod = {name: seen(node, namespace, name) for name in ("a", "b")}
-    assert {env for env, _ in by_pod.values()} == {VOLUME_MOUNTS_ROOT}
-    (a,), (b,) = by_pod["a"][1], by_pod["b"][1]
-    assert {a, b} == gpus  # one GPU each, never the same one
-
-
-def test_the_fifth_pod_on_time_slicing_t4_x4_stays_pending(
-        node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
-    plugin = standin("time-slicing-t4-x4.yaml", "Tesla-T4", 1)
-    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == {"nvidia.com/gpu": "4"}, "4 replicas")
-    for i in range(5):
-        apply_pod(node, namespace, f"p{i}", gpus=1)
-    replicas_of = {d.base_id for d in plugin.plugin.resources[0].devices}
-    running = [seen(node, namespace, f"p{i}") for i in range(4)]
-    assert all(mounts == sorted(replicas_of) for _, mounts in running)  # the GPU, not the replica ID
-
-    def pending_reason() -> str | None:
-        pod = json.loads(node.kubectl("get", "pod", "-n", namespace, "p4", "-o", "json").stdout)
-        for c in pod["status"].get("conditions") or ():
-            if c["type"] == "PodScheduled" and c["status"] == "False":
-                return str(c["message"])
-        return None
-    assert "Insufficient nvidia.com/gpu" in wait_for(pending_reason, "p4 unschedulable")
-
-
-def test_the_pod_spec_env_wins_over_the_plugins_nvidia_visible_devices(
-        node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
-    """The kubelet puts the plugin's envs first and the container's env after them
-    (pkg/kubelet/kubelet_pods.go GenerateRunContainerOptions); the last value is what the container sees."""
-    plugin = standin("default", "Tesla-T4", 1)
-    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
-    apply_pod(node, namespace, "gpu", gpus=1, env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    apply_pod(node, namespace, "nogpu", gpus=None, env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    (gpu,) = (d.id for d in plugin.plugin.resources[0].devices)
-    assert seen(node, namespace, "gpu") == ("all", [gpu])
-    assert seen(node, namespace, "nogpu") == ("all", [])
-
-
-def test_an_unknown_runtime_class_handler_leaves_the_pod_in_container_creating(
-        node: Any, standin: Callable[..., StandIn], namespace: str) -> None:
-    plugin = standin("default", "Tesla-T4", 1)
-    wait_for(lambda: gpu_resources(node, plugin.promised())[1] == plugin.promised(), "1 GPU")
+def test_an_unknown_runtime_class_handler_leaves_the_pod_in_container_creating(node: Any, namespace: str) -> None:
+    """What a RuntimeClass whose handler the node's containerd lacks does to a pod: the sandbox is never made."""
     handler = f"gs-unknown-{uuid.uuid4().hex[:6]}"
     node.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": handler}, "handler": handler}))
     try:
-        apply_pod(node, namespace, "rc", gpus=1, extra={"runtimeClassName": handler})
+        apply_pod(node, namespace, "rc", gpus=None, extra={"runtimeClassName": handler})
 
         def sandbox_failure() -> str | None:
             events = json.loads(node.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]

@@ -101,8 +101,22 @@ def read_profile(path: Path) -> tuple[str, tuple[str, ...], int]:
     return (name.group(1) if name else "", uuids, int(memory.group(1)) // 2**20 if memory else 0)
 
 
-def lay_out(root: Path, profile: str) -> MockGpus:
-    """Write (or rewrite for another profile) the mock driver root at `root`."""
+def trimmed_profile(profile: str, gpus: int | None = None) -> str:
+    """The profile's text, keeping only its first `gpus` devices (the mock enumerates its `devices` list)."""
+    text = (unpacked() / "profiles" / PROFILES[profile]).read_text()
+    if gpus is None:
+        return text
+    head, rest = text.split("\ndevices:\n", 1)
+    listed, marker, tail = rest.partition("\n# ====")
+    entries = re.split(r"\n(?=  - index: )", listed.strip("\n"))
+    if not 0 < gpus <= len(entries):
+        raise ValueError(f"the {profile} profile has {len(entries)} GPUs, not {gpus}")
+    return f"{head}\ndevices:\n" + "\n".join(entries[:gpus]) + "\n" + marker + tail
+
+
+def lay_out(root: Path, profile: str, gpus: int | None = None) -> MockGpus:
+    """Write (or rewrite for another profile) the mock driver root at `root`, with the profile's first `gpus`
+    GPUs (default: all of them)."""
     files = unpacked()
     lib = root / "usr" / "lib64"
     lib.mkdir(parents=True, exist_ok=True)
@@ -112,7 +126,7 @@ def lay_out(root: Path, profile: str) -> MockGpus:
         (lib / link).unlink(missing_ok=True)
         (lib / link).symlink_to(target)
     (root / "config").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(files / "profiles" / PROFILES[profile], root / "config" / "config.yaml")
+    (root / "config" / "config.yaml").write_text(trimmed_profile(profile, gpus))
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True, exist_ok=True)
     smi.write_text(NVIDIA_SMI.replace("%(version)s", LIB_VERSION))
