@@ -257,3 +257,18 @@ def test_dev_char_symlinks_script_runs_the_creator_then_idles_until_terminated(t
         if proc.poll() is None:
             proc.kill()
     assert len(calls.read_text().splitlines()) == 1
+
+
+def test_a_containerd_config_of_its_own_seeds_the_drop_in_from_that_file() -> None:
+    """The installer's default config sources ask `containerd config dump` first, which reads
+    /etc/containerd/config.toml (nvidia-container-toolkit v1.20.0 pkg/config/engine/containerd/containerd.go
+    CommandLineSource); its drop-in copies the source's CRI section, which replaces the node's own on containerd
+    before 2.1. So a node whose containerd runs on another file has the drop-in seeded from that file."""
+    def source(**values: Any) -> str | None:
+        ds = daemonset(objs(**values), TOOLKIT)
+        return env(container(ds, "nvidia-container-toolkit")).get("RUNTIME_CONFIG_SOURCE")
+    assert source() is None  # the preset's own /etc/containerd/config.toml: the installer's defaults hold
+    assert source(**{"toolkit.runtimeConfig": "/etc/containerd/custom.toml"}) == "file=/host/etc/containerd/custom.toml"
+    # k3s/rke2 write the template, seeded from the agent's generated config whatever the template path
+    assert source(**{"toolkit.runtime": "k3s", "toolkit.runtimeConfig": "/srv/k3s/config.toml.tmpl"}) == (
+        "file=/host/var/lib/rancher/k3s/agent/etc/containerd/config.toml")

@@ -6,8 +6,9 @@ upstream code).
 Values a user of this node sets (its containerd runs with a config of its own, not /etc/containerd):
 toolkit.runtimeConfig / runtimeDropInConfig / runtimeSocket (the node's config, a drop-in beside it, its socket),
 toolkit.installDir (under the node's directory, not the machine's /usr/local), toolkit.createDevCharSymlinks=false,
-and in toolkit.extraEnv RUNTIME_CONFIG_SOURCE=file (the installer's default source also asks `containerd config
-dump`, which reads /etc/containerd/config.toml), NVIDIA_CONTAINER_RUNTIME_RUNTIMES and RUNTIME_RESTART_MODE=none.
+and in toolkit.extraEnv NVIDIA_CONTAINER_RUNTIME_RUNTIMES and RUNTIME_RESTART_MODE=none. With
+toolkit.runtimeConfig set the chart seeds the drop-in from that file (the installer's default source also asks
+`containerd config dump`, which reads /etc/containerd/config.toml).
 
 What stands in, and why (docs/real-node.md says the same; tests/e2e/node/agents.py lists the others):
 - five files the installer requires that are not built here (hack/image/nvidia-agent-images.sh):
@@ -58,7 +59,7 @@ STANDIN = ROOT / "hack" / "node" / "nvidia-runtime-standin"
 
 
 def toolkit_values(real_node: Any, restart_mode: str | None = "none") -> dict[str, object]:
-    env = {"RUNTIME_CONFIG_SOURCE": "file", "NVIDIA_CONTAINER_RUNTIME_RUNTIMES": str(STANDIN)}
+    env = {"NVIDIA_CONTAINER_RUNTIME_RUNTIMES": str(STANDIN)}
     if restart_mode:
         env["RUNTIME_RESTART_MODE"] = restart_mode
     return {"toolkit.enabled": True,

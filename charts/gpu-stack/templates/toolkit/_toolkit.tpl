@@ -26,6 +26,13 @@ Returns a YAML map: runtime, config, dropIn, socket, configSource.
 {{- with .Values.toolkit.runtimeConfig }}{{ $_ := set $p "config" . }}{{ end }}
 {{- with .Values.toolkit.runtimeDropInConfig }}{{ $_ := set $p "dropIn" . }}{{ end }}
 {{- with .Values.toolkit.runtimeSocket }}{{ $_ := set $p "socket" . }}{{ end }}
+{{- /* A containerd that runs with a config of its own: seed the drop-in from that file. The installer's default
+sources ask `containerd config dump` first, which reads /etc/containerd/config.toml (v1.20.0
+pkg/config/engine/containerd/containerd.go CommandLineSource), and a drop-in seeded from another file's CRI
+section replaces the node's own on containerd before 2.1 (getBaseDropInConfigTree). */}}
+{{- if and .Values.toolkit.runtimeConfig (eq $p.runtime "containerd") $p.dropIn (not $p.configSource) }}
+{{- $_ := set $p "configSource" (printf "file=%s" .Values.toolkit.runtimeConfig) }}
+{{- end }}
 {{- toYaml $p }}
 {{- end }}
 
