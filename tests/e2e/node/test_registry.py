@@ -15,6 +15,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -41,32 +42,33 @@ class Published:
 
 
 @pytest.fixture(scope="module")
-def published(real_node: node.Node, cluster: E2ECluster,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
+def published(real_node: node.Node, cluster: E2ECluster, node_registry: Registry,
+              tmp_path_factory: pytest.TempPathFactory) -> Published:
     where = tmp_path_factory.mktemp("registry-release")
     repo = make_checkout(where)
     # the image in buildah's storage when buildah built it (no import), else the archive any engine writes
     in_storage = subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True, check=False)
     path, env = prebuilt_engine_path(where, IMAGE if in_storage.returncode == 0 else f"docker-archive:{IMAGE_ARCHIVE}")
     started = time.monotonic()
-    for version in (PREVIOUS, NEW):
-        if version == NEW:
-            prepared = run_release(repo, path, "prepare", version)
-            assert prepared.returncode == 0, prepared.stderr
-            commit(repo, f"gpu-stack {version}")
-        built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
-        subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
-        assert built.returncode == 0, built.stdout + built.stderr
-    with Registry(where / "registry", host_ip=real_node.ip) as registry:
-        registry.trust_from(real_node)
-        digests, pushed = {}, {}
+    digests, pushes = {}, {}
+    # each release is pushed while the next one is cut
+    with ThreadPoolExecutor(2) as pool:
         for version in (PREVIOUS, NEW):
+            if version == NEW:
+                prepared = run_release(repo, path, "prepare", version)
+                assert prepared.returncode == 0, prepared.stderr
+                commit(repo, f"gpu-stack {version}")
+            built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
+            subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
+            assert built.returncode == 0, built.stdout + built.stderr
             out = repo / "dist" / version
             digests[version] = (out / f"gpu-stack-webhook-{version}.digest").read_text().strip()
-            pushed[version] = registry.push_archive(out / f"gpu-stack-webhook-{version}.oci.tar", REPOSITORY, version)
-            chart = registry.push_chart(out / f"gpu-stack-{version}.tgz", cluster.helm3_bin)
-        print(f"releases cut and published in {time.monotonic() - started:.1f}s")
-        yield Published(registry, chart, digests, pushed)
+            pushes[version] = pool.submit(node_registry.push_archive, out / f"gpu-stack-webhook-{version}.oci.tar",
+                                          REPOSITORY, version)
+    for version in (PREVIOUS, NEW):
+        chart = node_registry.push_chart(repo / "dist" / version / f"gpu-stack-{version}.tgz", cluster.helm3_bin)
+    print(f"releases cut and published in {time.monotonic() - started:.1f}s")
+    return Published(node_registry, chart, digests, {version: push.result() for version, push in pushes.items()})
 
 
 def helm_from_registry(cluster: E2ECluster, published: Published, verb: str, release: Release, version: str,
@@ -173,15 +175,3 @@ def test_an_upgrade_to_the_pinned_new_release_keeps_the_webhook_answering_and_ro
     assert running_images(cluster, from_registry) == {
         (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
     cluster.kubectl("delete", "namespace", load_namespace, "--wait=false")
-
-
-def test_the_registry_fixture_takes_any_image_archive(published: Published, real_node: node.Node) -> None:
-    """What the node-agent images can use: a docker-archive (hack/image/node-images.sh's busybox) pushed, then
-    pulled by containerd through the hosts.toml that trusts the registry's CA, with the login."""
-    registry = published.registry
-    digest = registry.push_archive(node.IMAGES_DIR / "busybox.tar", "e2e/busybox", "any")
-    reference = f"{registry.host}/e2e/busybox:any"
-    real_node.ctr("images", "pull", "--hosts-dir", str(real_node.registry_config_dir), "--user",
-                  f"{registry.username}:{registry.password}", reference)
-    (line,) = [row for row in real_node.ctr("images", "ls").stdout.splitlines() if row.startswith(reference + " ")]
-    assert digest in line.split()
