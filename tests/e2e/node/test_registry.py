@@ -27,6 +27,7 @@ from gpu_stack_dev.registry import Registry
 from tests.release.checkout import commit, make_checkout, prebuilt_engine_path, run_release
 
 from .podlogs import explain_pods
+from .standin import wait_for
 from .test_drills import Admissions
 
 PREVIOUS, NEW = "0.1.0", "0.2.0"
@@ -103,16 +104,19 @@ def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
     helper.installed.append(release)
     try:
         secret = published.registry.pull_secret(cluster, release.namespace, password="not-the-password")
+        # helm's wait only runs out: the pods' pull error is awaited below, not within it
         failed = helm_from_registry(cluster, published, "install", release, NEW,
-                                    f"webhook.imagePullSecrets[0].name={secret}", wait="30s", check=False)
+                                    f"webhook.imagePullSecrets[0].name={secret}", wait="15s", check=False)
+
+        def pull_errors() -> list[str]:
+            events = cluster.get_json("events", "-n", release.namespace, "--field-selector", "reason=Failed")["items"]
+            return [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
+        wait_for(lambda: any("401 Unauthorized" in m for m in pull_errors()), "the pull's 401", timeout=90)
         waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
                    for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
         assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
         assert {w["reason"] for w in waiting} <= {"ErrImagePull", "ImagePullBackOff"}, waiting
-        events = cluster.get_json("events", "-n", release.namespace,
-                                  "--field-selector", "reason=Failed")["items"]
-        pull_errors = [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
-        assert any("401 Unauthorized" in m for m in pull_errors), pull_errors
+        assert any("401 Unauthorized" in m for m in pull_errors()), pull_errors()
         # Helm names the Deployment its wait gave up on; the pull error is the pods' (kubectl describe)
         assert (f"resource Deployment/{release.namespace}/{release.fullname}-webhook not ready. status: "
                 "InProgress, message: Available: 0/2") in failed, failed
