@@ -118,6 +118,11 @@ def install_values(real_node: node.Node, cluster: E2ECluster, namespace: str) ->
     pulled = load(real_node)
     cluster.kubectl("create", "namespace", namespace, check=False)
     secret = served(real_node).registry.pull_secret(cluster, namespace, name=PULL_SECRET)
+    return chart_values(pulled, secret)
+
+
+def chart_values(pulled: dict[str, str], secret: str) -> dict[str, object]:
+    """Each agent's `image.repository` set to where `pulled` says (the tags stay the chart's), and the secret."""
     values: dict[str, object] = {"global.imagePullSecrets": [{"name": secret}]}
     for agent, (_, key, _) in IMAGES.items():
         values[f"{key}.image.repository"] = pulled[agent].rsplit(":", 1)[0]
