@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +107,11 @@ def load(real_node: node.Node, directory: Path = node.IMAGES_DIR) -> dict[str, s
             def push(agent: str) -> str:
                 repository, tag = wanted[agent].split("/", 1)[1].rsplit(":", 1)
                 return serving.registry.push_archive(built[agent], repository, tag)
+            started = time.monotonic()
             with ThreadPoolExecutor(len(built)) as pool:
                 serving.digests = dict(zip(built, pool.map(push, built), strict=True))
             serving.refs = wanted
+            print(f"agent images pushed to {serving.registry.host} in {time.monotonic() - started:.1f}s")
     return dict(serving.refs)
 
 
