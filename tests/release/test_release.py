@@ -6,6 +6,7 @@ real release to a registry and installs it on a node (tests/e2e/node/test_regist
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import yaml
 from gpu_stack_dev.chartlib import helm_path, load_all_strict
 
+from tests.docs.doccommands import doc_commands, kubectl
 from tests.release.checkout import ROOT, commit, engine_path, git, make_checkout, run_release
 
 VERSION = "0.2.0"
@@ -137,23 +139,34 @@ def test_the_krew_manifest_points_at_the_plugin_archive(released: tuple[Path, Pa
     assert f"gpu_stack_webhook-{VERSION}-py3-none-any.whl" in names
 
 
-def test_the_wheel_installs_the_kubectl_plugin(released: tuple[Path, Path, Any], tmp_path: Path) -> None:
+def test_readmes_pipx_line_installs_the_kubectl_plugin_kubectl_finds(
+        released: tuple[Path, Path, Any], tmp_path: Path) -> None:
+    """README's `pipx install gpu_stack_webhook-<version>-py3-none-any.whl` as typed in the release's directory,
+    by real pipx (the dependencies from the package index pip is configured with); then the plugin from pipx's
+    bin directory, alone and as `kubectl gpu-stack` through kubectl's plugin lookup on PATH."""
     _, out, _ = released
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    own = subprocess.run([str(venv / "bin" / "python"), "-c",
-                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True).stdout.strip()
-    Path(own, "deps.pth").write_text(deps + "\n")  # the dependencies pipx would fetch, from this venv
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
-                    "--no-deps", "--ignore-installed", str(out / f"gpu_stack_webhook-{VERSION}-py3-none-any.whl")],
-                   check=True)
-    shown = subprocess.run([str(venv / "bin" / "kubectl-gpu_stack"), "--help"], capture_output=True, text=True,
+    (line,) = [c for c in doc_commands() if c.tool == "pipx" and c.path == "README.md"]
+    words = [w.replace("<version>", VERSION) for w in line.words()]
+    assert words[:2] == ["pipx", "install"] and (out / words[2]).is_file(), line.where
+    bin_dir = tmp_path / "bin"
+    env = {**os.environ, "PIPX_HOME": str(tmp_path / "pipx"), "PIPX_BIN_DIR": str(bin_dir),
+           "PIPX_MAN_DIR": str(tmp_path / "man"), "PIPX_DEFAULT_PYTHON": sys.executable}
+    pipx = Path(sys.executable).with_name("pipx")  # requirements-dev.txt
+    installed = subprocess.run([str(pipx), *words[1:]], cwd=out, env=env, capture_output=True, text=True,
+                               check=False, timeout=600)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "kubectl-gpu_stack" in installed.stdout
+    shown = subprocess.run([str(bin_dir / "kubectl-gpu_stack"), "--help"], capture_output=True, text=True,
                            check=False, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "inspect" in shown.stdout
+    listed = subprocess.run([kubectl(), "plugin", "list", "--name-only"], capture_output=True, text=True,
+                            check=False, env={**env, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert "kubectl-gpu_stack" in listed.stdout, listed.stderr
+    via_kubectl = subprocess.run([kubectl(), "gpu-stack", "--help"], capture_output=True, text=True, check=False,
+                                 timeout=60, env={**env, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert via_kubectl.returncode == 0, via_kubectl.stderr
+    assert via_kubectl.stdout == shown.stdout
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------

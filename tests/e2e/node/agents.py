@@ -1,6 +1,7 @@
-"""The chart's own NVIDIA agent DaemonSets on the real node, running their upstream binaries (images from
-gpu_stack_dev.e2e.agent_images) against NVIDIA's mock NVML (gpu_stack_dev.e2e.mock_gpu). The DaemonSets are the
-ones users get: only values a user of such a node sets are passed (GPU_NODE_VALUES, mock_gpu.values).
+"""The chart's own NVIDIA agent DaemonSets on the real node, running their upstream binaries (images pulled from
+the node's registry with a pull secret: gpu_stack_dev.e2e.agent_images) against NVIDIA's mock NVML
+(gpu_stack_dev.e2e.mock_gpu). The DaemonSets are the ones users get: only values a user of such a node sets are
+passed (GPU_NODE_VALUES, mock_gpu.values, and the registry's repositories and pull secret).
 
 What stands in, and why (docs/real-node.md says the same):
 - NFD's master: `NodeFeatureCopier` copies the labels of GFD's NodeFeature objects onto the Node, as nfd-master
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_dev import node as node_mod
-from gpu_stack_dev.e2e import mock_gpu
+from gpu_stack_dev.e2e import agent_images, mock_gpu
 from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases
 from gpu_stack_dev.e2e.node_install import TEST_NAMESPACE
 
@@ -163,7 +164,10 @@ def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
     copier.start()
     releases = Releases(cluster)
     try:
-        node_values: dict[str, object] = {**GPU_NODE_VALUES, **mock_gpu.values(mock.root), **values}
+        # the agents' images from the node's registry, with its pull secret (agent_images)
+        releases.namespaces.append(AGENT_NAMESPACE)
+        pulled = agent_images.install_values(real_node, cluster, AGENT_NAMESPACE)
+        node_values: dict[str, object] = {**GPU_NODE_VALUES, **mock_gpu.values(mock.root), **pulled, **values}
         release = install_and_wait(releases, overlay, namespace=AGENT_NAMESPACE, timeout="5m", **node_values)
         yield GpuRelease(release, mock, cluster, real_node)
     finally:

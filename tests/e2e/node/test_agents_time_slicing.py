@@ -118,3 +118,18 @@ def test_the_webhook_denies_exactly_the_requests_the_real_plugin_refuses(t4: Gpu
     finally:
         real_node.kubectl("delete", "pods", "-n", "kube-system", *(f"{suffix}-{n}" for n in (1, 2, 3)),
                           "--force", "--grace-period=0", "--ignore-not-found", check=False)
+
+
+def test_the_agents_images_are_pulled_from_the_registry_with_its_pull_secret(t4: GpuRelease, real_node: Any) -> None:
+    """As from a private registry or a mirror of nvcr.io: the image repositories point at the node's registry and
+    `global.imagePullSecrets` names its secret; the kubelet pulled by name and runs the digest that was pushed."""
+    served = agent_images.served(real_node)
+    ref, digest = served.refs["device-plugin"], served.digests["device-plugin"]
+    for component in ("device-plugin", "gpu-feature-discovery"):
+        (pod,) = t4.pods(component)
+        assert pod["spec"]["imagePullSecrets"] == [{"name": agent_images.PULL_SECRET}]
+        statuses = pod["status"].get("initContainerStatuses", []) + pod["status"]["containerStatuses"]
+        assert {c["image"] for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]} == {ref}
+        assert {s["imageID"] for s in statuses} == {f"{ref.rsplit(':', 1)[0]}@{digest}"}
+    assert ref in real_node.ctr("images", "ls", "-q").stdout.split()
+    assert agent_images.refs()["device-plugin"] not in real_node.ctr("images", "ls", "-q").stdout.split()

@@ -15,6 +15,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -26,6 +27,7 @@ from gpu_stack_dev.registry import Registry
 from tests.release.checkout import commit, make_checkout, prebuilt_engine_path, run_release
 
 from .podlogs import explain_pods
+from .standin import wait_for
 from .test_drills import Admissions
 
 PREVIOUS, NEW = "0.1.0", "0.2.0"
@@ -41,32 +43,33 @@ class Published:
 
 
 @pytest.fixture(scope="module")
-def published(real_node: node.Node, cluster: E2ECluster,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
+def published(real_node: node.Node, cluster: E2ECluster, node_registry: Registry,
+              tmp_path_factory: pytest.TempPathFactory) -> Published:
     where = tmp_path_factory.mktemp("registry-release")
     repo = make_checkout(where)
     # the image in buildah's storage when buildah built it (no import), else the archive any engine writes
     in_storage = subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True, check=False)
     path, env = prebuilt_engine_path(where, IMAGE if in_storage.returncode == 0 else f"docker-archive:{IMAGE_ARCHIVE}")
     started = time.monotonic()
-    for version in (PREVIOUS, NEW):
-        if version == NEW:
-            prepared = run_release(repo, path, "prepare", version)
-            assert prepared.returncode == 0, prepared.stderr
-            commit(repo, f"gpu-stack {version}")
-        built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
-        subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
-        assert built.returncode == 0, built.stdout + built.stderr
-    with Registry(where / "registry", host_ip=real_node.ip) as registry:
-        registry.trust_from(real_node)
-        digests, pushed = {}, {}
+    digests, pushes = {}, {}
+    # each release is pushed while the next one is cut
+    with ThreadPoolExecutor(2) as pool:
         for version in (PREVIOUS, NEW):
+            if version == NEW:
+                prepared = run_release(repo, path, "prepare", version)
+                assert prepared.returncode == 0, prepared.stderr
+                commit(repo, f"gpu-stack {version}")
+            built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
+            subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
+            assert built.returncode == 0, built.stdout + built.stderr
             out = repo / "dist" / version
             digests[version] = (out / f"gpu-stack-webhook-{version}.digest").read_text().strip()
-            pushed[version] = registry.push_archive(out / f"gpu-stack-webhook-{version}.oci.tar", REPOSITORY, version)
-            chart = registry.push_chart(out / f"gpu-stack-{version}.tgz", cluster.helm3_bin)
-        print(f"releases cut and published in {time.monotonic() - started:.1f}s")
-        yield Published(registry, chart, digests, pushed)
+            pushes[version] = pool.submit(node_registry.push_archive, out / f"gpu-stack-webhook-{version}.oci.tar",
+                                          REPOSITORY, version)
+    for version in (PREVIOUS, NEW):
+        chart = node_registry.push_chart(repo / "dist" / version / f"gpu-stack-{version}.tgz", cluster.helm3_bin)
+    print(f"releases cut and published in {time.monotonic() - started:.1f}s")
+    return Published(node_registry, chart, digests, {version: push.result() for version, push in pushes.items()})
 
 
 def helm_from_registry(cluster: E2ECluster, published: Published, verb: str, release: Release, version: str,
@@ -101,16 +104,19 @@ def test_a_wrong_pull_secret_fails_the_install_with_the_registrys_401(
     helper.installed.append(release)
     try:
         secret = published.registry.pull_secret(cluster, release.namespace, password="not-the-password")
+        # helm's wait only runs out: the pods' pull error is awaited below, not within it
         failed = helm_from_registry(cluster, published, "install", release, NEW,
-                                    f"webhook.imagePullSecrets[0].name={secret}", wait="30s", check=False)
+                                    f"webhook.imagePullSecrets[0].name={secret}", wait="15s", check=False)
+
+        def pull_errors() -> list[str]:
+            events = cluster.get_json("events", "-n", release.namespace, "--field-selector", "reason=Failed")["items"]
+            return [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
+        wait_for(lambda: any("401 Unauthorized" in m for m in pull_errors()), "the pull's 401", timeout=90)
         waiting = [c["state"]["waiting"] for p in webhook_pods(cluster, release)
                    for c in p["status"].get("containerStatuses", []) if "waiting" in c["state"]]
         assert waiting, f"{failed}\n{explain_pods(cluster, release.namespace)}"
         assert {w["reason"] for w in waiting} <= {"ErrImagePull", "ImagePullBackOff"}, waiting
-        events = cluster.get_json("events", "-n", release.namespace,
-                                  "--field-selector", "reason=Failed")["items"]
-        pull_errors = [e["message"] for e in events if "ErrImagePull" in e["message"] or "pull" in e["message"]]
-        assert any("401 Unauthorized" in m for m in pull_errors), pull_errors
+        assert any("401 Unauthorized" in m for m in pull_errors()), pull_errors()
         # Helm names the Deployment its wait gave up on; the pull error is the pods' (kubectl describe)
         assert (f"resource Deployment/{release.namespace}/{release.fullname}-webhook not ready. status: "
                 "InProgress, message: Available: 0/2") in failed, failed
@@ -173,15 +179,3 @@ def test_an_upgrade_to_the_pinned_new_release_keeps_the_webhook_answering_and_ro
     assert running_images(cluster, from_registry) == {
         (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
     cluster.kubectl("delete", "namespace", load_namespace, "--wait=false")
-
-
-def test_the_registry_fixture_takes_any_image_archive(published: Published, real_node: node.Node) -> None:
-    """What the node-agent images can use: a docker-archive (hack/image/node-images.sh's busybox) pushed, then
-    pulled by containerd through the hosts.toml that trusts the registry's CA, with the login."""
-    registry = published.registry
-    digest = registry.push_archive(node.IMAGES_DIR / "busybox.tar", "e2e/busybox", "any")
-    reference = f"{registry.host}/e2e/busybox:any"
-    real_node.ctr("images", "pull", "--hosts-dir", str(real_node.registry_config_dir), "--user",
-                  f"{registry.username}:{registry.password}", reference)
-    (line,) = [row for row in real_node.ctr("images", "ls").stdout.splitlines() if row.startswith(reference + " ")]
-    assert digest in line.split()

@@ -181,8 +181,10 @@ class Releases:
 
     def install(self, overlay: str | None = None, *, name: str = "gpu-stack", namespace: str | None = None,
                 helm_major: int = 4, values: Iterable[str] = (), set_json: Mapping[str, Any] | None = None,
-                extra: Sequence[str] = (), check: bool = True,
-                webhook_image: str | None = FAKE_WEBHOOK_IMAGE) -> tuple[Release, subprocess.CompletedProcess[str]]:
+                extra: Sequence[str] = (), check: bool = True, webhook_image: str | None = FAKE_WEBHOOK_IMAGE,
+                timeout: float = 300) -> tuple[Release, subprocess.CompletedProcess[str]]:
+        """`timeout`: seconds before helm itself is killed (keep it above a `--timeout` in `extra`, so that helm's
+        own message says what it waited for)."""
         remembered: tuple[tuple[str, Any], ...] = ()
         key = POLICY_ONLY_NAMESPACE.get(overlay or "")
         if key and key not in (set_json or {}):
@@ -195,7 +197,7 @@ class Releases:
         self.installed.append(release)
         proc = self.helm_for(helm_major)(
             "install", release.name, str(CHART), "-n", release.namespace, "--create-namespace",
-            *values_args(overlay, values, self._with_image(release, set_json)), *extra, check=check)
+            *values_args(overlay, values, self._with_image(release, set_json)), *extra, check=check, timeout=timeout)
         return release, proc
 
     def upgrade(self, release: Release, overlay: str | None = None, *, chart: Path = CHART,
