@@ -101,8 +101,10 @@ def read_profile(path: Path) -> tuple[str, tuple[str, ...], int]:
     return (name.group(1) if name else "", uuids, int(memory.group(1)) // 2**20 if memory else 0)
 
 
-def lay_out(root: Path, profile: str) -> MockGpus:
-    """Write (or rewrite for another profile) the mock driver root at `root`."""
+def lay_out(root: Path, profile: str, mig_enabled: bool = False) -> MockGpus:
+    """Write (or rewrite for another profile) the mock driver root at `root`. `mig_enabled`: the GPUs report MIG
+    mode enabled (current and pending), as after `nvidia-smi -mig 1`; the mock cannot switch it (SetMigMode
+    answers NOT_SUPPORTED)."""
     files = unpacked()
     lib = root / "usr" / "lib64"
     lib.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,11 @@ def lay_out(root: Path, profile: str) -> MockGpus:
         (lib / link).unlink(missing_ok=True)
         (lib / link).symlink_to(target)
     (root / "config").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(files / "profiles" / PROFILES[profile], root / "config" / "config.yaml")
+    text = (files / "profiles" / PROFILES[profile]).read_text()
+    if mig_enabled:
+        text = re.sub(r'(mode_(?:current|pending): *)"disabled"', r'\1"enabled"', text)
+    (root / "config" / "config.yaml").write_text(text)
+    (root / "proc" / "modules").unlink(missing_ok=True)
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True, exist_ok=True)
     smi.write_text(NVIDIA_SMI.replace("%(version)s", LIB_VERSION))
@@ -133,6 +139,14 @@ def lay_out(root: Path, profile: str) -> MockGpus:
     for name, (major, minor) in nodes.items():
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     return MockGpus(root, profile, product, uuids, memory)
+
+
+def stand_in_proc_modules(root: Path) -> Path:
+    """<root>/proc/modules with the line the host kernel shows once the nvidia module is loaded; the node's
+    nvidia handler binds it over /proc/modules in containers given GPUs (hack/node/nvidia-runtime-standin)."""
+    modules = root / "proc" / "modules"
+    modules.write_text("nvidia 104071168 0 - Live 0x0000000000000000 (POE)\n")
+    return modules
 
 
 def values(root: Path) -> dict[str, object]:
