@@ -34,12 +34,23 @@ CONFIG = f"""<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configura
 
 
 @contextmanager
-def system_bus(real_node: Any) -> Iterator[Path]:
+def bus_directory(real_node: Any) -> Iterator[Path]:
+    """The node's directory bound over /run/dbus, before the pods start: a hostPath volume is a private mount, so
+    a pod sees only what was mounted on the host when it started, and a GPU node's bus is there at boot."""
     here = real_node.dir / "system-bus"
     (here / "run").mkdir(parents=True, exist_ok=True)
-    (here / "system.conf").write_text(CONFIG)
     BUS_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", str(here / "run"), str(BUS_DIR)], check=True)
+    try:
+        yield here
+    finally:
+        subprocess.run(["umount", str(BUS_DIR)], check=False)
+
+
+@contextmanager
+def system_bus(here: Path) -> Iterator[Path]:
+    """dbus-daemon listening in the directory `bus_directory` gave."""
+    (here / "system.conf").write_text(CONFIG)
     with open(here / "dbus-daemon.log", "ab") as log:
         daemon = subprocess.Popen(["dbus-daemon", f"--config-file={here / 'system.conf'}", "--nofork",
                                    "--nopidfile"], stdout=subprocess.DEVNULL, stderr=log)
@@ -51,4 +62,4 @@ def system_bus(real_node: Any) -> Iterator[Path]:
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
-        subprocess.run(["umount", str(BUS_DIR)], check=False)
+        SOCKET.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +30,14 @@ from gpu_stack_dev.e2e.e2elib import E2ECluster
 
 from .agents import GpuRelease, gpu_release, node_labels
 from .standin import wait_for
-from .system_bus import system_bus
+from .system_bus import bus_directory, system_bus
 
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
-USER_VALUES: dict[str, object] = {"migManager.hostGpuClients": []}
+# hostGpuClients: see the module doc. One webhook replica: this module does not look at the webhook, and on 2 shared
+# cores its second pod is what `helm install --wait` waits longest for.
+USER_VALUES: dict[str, object] = {"migManager.hostGpuClients": [], "webhook.replicas": 1,
+                                  "webhook.podDisruptionBudget.enabled": False}
 AGENTS = ("device-plugin", "gpu-feature-discovery", "mig-manager")
 # logrus's error lines, without their time= field
 LOGRUS_ERROR = re.compile(r'level=(?:error|fatal) msg="(.*)"$')
@@ -58,11 +62,14 @@ class MigNode:
     overlay: Overlay
     gpus: GpuRelease
     node: Any
+    bus: Path
 
     def manager_log(self) -> str:
-        (pod,) = [p for p in self.gpus.pods("mig-manager") if not p["metadata"].get("deletionTimestamp")]
-        return str(self.node.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                     "-c", "mig-manager", check=False).stdout)
+        """The log of the MIG manager pod running now ("" while there is none)."""
+        pods = [p for p in self.gpus.pods("mig-manager")
+                if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+        return "".join(str(self.node.kubectl("logs", "-n", p["metadata"]["namespace"], p["metadata"]["name"],
+                                             "-c", "mig-manager", check=False).stdout) for p in pods)
 
     def errors(self) -> list[str]:
         return [m.group(1) for line in self.manager_log().splitlines() if (m := LOGRUS_ERROR.search(line))]
@@ -70,8 +77,11 @@ class MigNode:
     def select(self, layout: str) -> None:
         """Label the node with `layout`, as the chart's NodeFeatureRule (or its admin) does; a label already there
         is removed first, since the manager acts on a change of the value."""
-        self.node.kubectl("label", "node", self.node.node_name, f"{MIG_CONFIG}-", f"{MIG_STATE}-")
+        self.deselect()
         self.node.kubectl("label", "node", self.node.node_name, f"{MIG_CONFIG}={layout}")
+
+    def deselect(self) -> None:
+        self.node.kubectl("label", "node", self.node.node_name, f"{MIG_CONFIG}-", f"{MIG_STATE}-")
 
     def outcome(self, mark: str, timeout: float = 420) -> tuple[str | None, list[str]]:
         """The state label once the manager's log shows `mark`, and every state seen on the way."""
@@ -111,9 +121,9 @@ def mig(request: pytest.FixtureRequest, cluster: E2ECluster, real_node: Any) -> 
     agent_images.load(real_node)
     clear_mig_labels(real_node)
     try:
-        with gpu_release(cluster, real_node, overlay.file, overlay.profile, mig_enabled=overlay.mig_enabled,
-                         **USER_VALUES) as release:
-            yield MigNode(overlay, release, real_node)
+        with bus_directory(real_node) as bus, gpu_release(cluster, real_node, overlay.file, overlay.profile,
+                                                          mig_enabled=overlay.mig_enabled, **USER_VALUES) as release:
+            yield MigNode(overlay, release, real_node, bus)
     finally:
         clear_mig_labels(real_node)
 
@@ -141,12 +151,13 @@ def test_the_manager_goes_as_far_as_each_stand_in_lets_it(mig: MigNode) -> None:
              timeout=180)
     assert MIG_STATE not in node_labels(mig.node)
     print("without D-Bus:", mig.errors())
-    with system_bus(mig.node):
+    with system_bus(mig.bus):
         mig.select(layout)
         state, seen = mig.outcome("unable to read /proc/modules")
         print("without /proc/modules:", state, seen, mig.errors())
         assert state == "failed"
         mock_gpu.stand_in_proc_modules(mig.gpus.gpus.root)
+        mig.deselect()  # a new manager acts on the label it finds at once
         mig.restart_manager()
         mig.select(layout)
         mark = "ERROR_NOT_SUPPORTED" if not mig.overlay.mig_enabled else "Successfully updated to MIG config"
