@@ -165,3 +165,10 @@ def test_the_manager_goes_as_far_as_each_stand_in_lets_it(mig: MigNode) -> None:
         print("with both:", state, seen, mig.errors())
         print(mig.manager_log())
         assert state == ("failed" if not mig.overlay.mig_enabled else "success")
+    # what the manager's mig-parted finds on the GPUs afterwards: the mock created no MIG device
+    pod = next(p for p in mig.gpus.pods("mig-manager") if p["status"].get("phase") == "Running")
+    proc = mig.node.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "-c", "mig-manager",
+                            "--", "nvidia-mig-parted", "assert", "-f", "/mig-parted-config/config.yaml", "-c", layout,
+                            check=False)
+    assert proc.returncode == 1
+    assert "Assertion failure: selected configuration not currently applied" in proc.stdout + proc.stderr
