@@ -1,19 +1,20 @@
 """Chart-values-examples/mig-single-all-1g.yaml (8 mock A100s, MIG mode off as shipped) and mig-mixed-all-balanced.yaml
 (8 mock H100s with MIG mode on) on the node: the chart's MIG manager DaemonSet runs the upstream nvidia-mig-manager
-and nvidia-mig-parted v0.15.0 against NVIDIA's mock NVML, reacts to `nvidia.com/mig.config` and sets
-`nvidia.com/mig.config.state` as far as the mock allows; the real GFD labels the node's MIG capability and strategy.
+and nvidia-mig-parted v0.15.0 against NVIDIA's mock NVML and reacts to `nvidia.com/mig.config`; the real GFD labels
+the node's MIG capability and strategy. docs/real-node.md ("The MIG manager") says what stops where, and why.
 
-Only one chart value differs from the overlays: `migManager.hostGpuClients: []`, which a user whose node runs no
-host GPU services (no DCGM under systemd, as here) sets. It makes the manager run mig-parted in its own container
-(WITH_SHUTDOWN_HOST_GPU_CLIENTS=false) instead of copying it to the host and running it there through
-`chroot /host` (cmd/nvidia-mig-manager/main.go `migReconfigure`, v0.15.0), where it would need the driver's
-library on the host's own library path, which the mock driver root does not give.
+Only one chart value is about MIG beyond the overlays: `migManager.hostGpuClients: []`, which a user whose node runs
+no host GPU services under systemd (as here) sets. The manager then runs mig-parted in its own container
+(WITH_SHUTDOWN_HOST_GPU_CLIENTS=false), where the node's nvidia handler gives it the mock library, instead of
+`chroot /host` (cmd/nvidia-mig-manager/main.go `migReconfigure`, v0.15.0), where the host has no libnvidia-ml.
 
-Two stand-ins, each added only after the test has shown that its absence is what stops the manager:
-- a system D-Bus (tests/e2e/node/system_bus.py): the manager connects before every reconfiguration;
+Stand-ins, each added only after the test has shown the manager or mig-parted stop for its lack:
+- a system D-Bus (tests/e2e/node/system_bus.py): the manager connects before every reconfiguration. Under
+  gVisor it still stops there: the sandbox refuses the credentials godbus sends to authenticate, so the manager
+  never reaches `Run`, which sets `nvidia.com/mig.config.state`;
 - /proc/modules with the `nvidia` line (mock_gpu.stand_in_proc_modules, bound by the node's nvidia handler):
-  mig-parted reads it before anything else (cmd/nvidia-mig-parted/util/nvml.go `IsNvidiaModuleLoaded`).
-The mock then stops the rest: SetMigMode answers NOT_SUPPORTED and GPU-instance creation is a silent no-op.
+  mig-parted reads it first (cmd/nvidia-mig-parted/util/nvml.go `IsNvidiaModuleLoaded`); then it lists GPUs from
+  /sys/bus/pci/devices, where this machine has none.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ from .system_bus import bus_directory, system_bus
 
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
+CONFIG_FILE = "/mig-parted-config/config.yaml"
+D_BUS = ("Error: error creating reconfigure instance: failed to initialize systemd manager: "
+         "failed to connect to systemd D-Bus: ")
+NO_BUS = D_BUS + "dial unix /host/run/dbus/system_bus_socket: connect: no such file or directory"
+BUS_REFUSED = D_BUS + "write unix @: sendmsg: invalid argument"
+NO_PROC_MODULES = ("Error checking if nvidia module loaded: unable to read /proc/modules: "
+                   "open /proc/modules: no such file or directory")
 # hostGpuClients: see the module doc. One webhook replica: this module does not look at the webhook, and on 2 shared
 # cores its second pod is what `helm install --wait` waits longest for.
 USER_VALUES: dict[str, object] = {"migManager.hostGpuClients": [], "webhook.replicas": 1,
@@ -83,17 +91,13 @@ class MigNode:
     def deselect(self) -> None:
         self.node.kubectl("label", "node", self.node.node_name, f"{MIG_CONFIG}-", f"{MIG_STATE}-")
 
-    def outcome(self, mark: str, timeout: float = 420) -> tuple[str | None, list[str]]:
-        """The state label once the manager's log shows `mark`, and every state seen on the way."""
-        seen: list[str] = []
-
-        def done() -> bool:
-            state = node_labels(self.node).get(MIG_STATE)
-            if state and (not seen or seen[-1] != state):
-                seen.append(state)
-            return mark in self.manager_log() and state not in (None, "pending")
-        wait_for(done, f"the MIG manager's log to show {mark!r}", timeout=timeout)
-        return node_labels(self.node).get(MIG_STATE), seen
+    def mig_parted(self, *args: str) -> tuple[int, str]:
+        """The real nvidia-mig-parted in the manager's container, on the chart's config, as the manager runs it."""
+        pod = next(p for p in self.gpus.pods("mig-manager") if p["status"].get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp"))
+        proc = self.node.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "-c",
+                                 "mig-manager", "--", "nvidia-mig-parted", *args, check=False)
+        return int(proc.returncode), str(proc.stdout) + str(proc.stderr)
 
     def restart_manager(self) -> None:
         (pod,) = self.gpus.pods("mig-manager")
@@ -144,31 +148,31 @@ def test_the_agents_run_without_restarts_or_errors(mig: MigNode) -> None:
     assert "Waiting for change to 'nvidia.com/mig.config' label" in mig.manager_log()
 
 
-def test_the_manager_goes_as_far_as_each_stand_in_lets_it(mig: MigNode) -> None:
-    layout = mig.overlay.layout
-    mig.select(layout)
-    wait_for(lambda: "failed to connect to systemd D-Bus" in mig.manager_log(), "the manager to need D-Bus",
-             timeout=180)
-    assert MIG_STATE not in node_labels(mig.node)
-    print("without D-Bus:", mig.errors())
+def test_the_manager_acts_on_the_label_and_stops_at_the_system_bus(mig: MigNode) -> None:
+    """No bus: the manager says so and sets no state. With the stand-in bus: gVisor refuses the credentials
+    message godbus sends to authenticate (SCM_CREDENTIALS over a host socket), the same stop one step later."""
+    mig.select(mig.overlay.layout)
+    wait_for(lambda: NO_BUS in mig.errors(), "the manager to try the host's D-Bus", timeout=180)
     with system_bus(mig.bus):
-        mig.select(layout)
-        state, seen = mig.outcome("unable to read /proc/modules")
-        print("without /proc/modules:", state, seen, mig.errors())
-        assert state == "failed"
-        mock_gpu.stand_in_proc_modules(mig.gpus.gpus.root)
-        mig.deselect()  # a new manager acts on the label it finds at once
-        mig.restart_manager()
-        mig.select(layout)
-        mark = "ERROR_NOT_SUPPORTED" if not mig.overlay.mig_enabled else "Successfully updated to MIG config"
-        state, seen = mig.outcome(mark)
-        print("with both:", state, seen, mig.errors())
-        print(mig.manager_log())
-        assert state == ("failed" if not mig.overlay.mig_enabled else "success")
-    # what the manager's mig-parted finds on the GPUs afterwards: the mock created no MIG device
-    pod = next(p for p in mig.gpus.pods("mig-manager") if p["status"].get("phase") == "Running")
-    proc = mig.node.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "-c", "mig-manager",
-                            "--", "nvidia-mig-parted", "assert", "-f", "/mig-parted-config/config.yaml", "-c", layout,
-                            check=False)
-    assert proc.returncode == 1
-    assert "Assertion failure: selected configuration not currently applied" in proc.stdout + proc.stderr
+        mig.select(mig.overlay.layout)
+        wait_for(lambda: BUS_REFUSED in mig.errors(), "the manager to try the stand-in bus", timeout=180)
+    assert mig.errors() == [NO_BUS, BUS_REFUSED]
+    assert MIG_STATE not in node_labels(mig.node)
+    assert all(not k.startswith("nvidia.com/gpu.deploy.") for k in node_labels(mig.node))
+
+
+def test_mig_parted_in_the_managers_container_needs_proc_modules_then_finds_no_gpu(mig: MigNode) -> None:
+    """The mig-parted calls the manager would make next (pkg/mig/reconfigure/reconfigure.go `Run`, v0.15.0)."""
+    layout = mig.overlay.layout
+    status, out = mig.mig_parted("-d", "assert", "-f", CONFIG_FILE, "-c", layout)
+    assert status == 1 and NO_PROC_MODULES in out, out
+    mock_gpu.stand_in_proc_modules(mig.gpus.gpus.root)
+    mig.deselect()  # a new manager acts at once on a label it finds
+    mig.restart_manager()
+    # with the nvidia line, mig-parted lists the GPUs from /sys/bus/pci/devices (cmd/nvidia-mig-parted/util/
+    # device.go nvmlGetGPUDeviceIDs): this machine has no NVIDIA PCI device, so it finds none
+    status, out = mig.mig_parted("export")
+    assert status == 0 and "current: []" in out, out
+    status, out = mig.mig_parted("assert", "-f", CONFIG_FILE, "-c", layout)
+    assert status == 0 and "Selected MIG configuration currently applied" in out, out
+    assert mig.errors() == []
