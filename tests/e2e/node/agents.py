@@ -140,13 +140,12 @@ def share_mps_root(real_node: Any) -> None:
 
 
 @contextmanager
-def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str, mig_enabled: bool = False,
+def gpu_release(cluster: E2ECluster, real_node: Any, overlay: str, profile: str,
                 **values: object) -> Iterator[GpuRelease]:
     """The chart installed with `overlay` on a node whose mock driver has `profile`'s GPUs, `--wait`ed (every
     agent pod Ready), NFD's master standing in; uninstalled after, with the GPU label and the copied labels
-    removed and the kubelet's devices withdrawn (allocatable 0) so the next release starts from nothing.
-    `mig_enabled`: the mock GPUs report MIG mode on (mock_gpu.lay_out)."""
-    gpus = mock_gpu.lay_out(real_node.mock_driver_root, profile, mig_enabled=mig_enabled)
+    removed and the kubelet's devices withdrawn (allocatable 0) so the next release starts from nothing."""
+    gpus = mock_gpu.lay_out(real_node.mock_driver_root, profile)
     share_mps_root(real_node)
     # the RuntimeClass the preinstalled toolkit's admin creates; removed after, since a release that runs the
     # chart's toolkit creates its own of that name

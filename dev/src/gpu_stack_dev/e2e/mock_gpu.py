@@ -101,10 +101,8 @@ def read_profile(path: Path) -> tuple[str, tuple[str, ...], int]:
     return (name.group(1) if name else "", uuids, int(memory.group(1)) // 2**20 if memory else 0)
 
 
-def lay_out(root: Path, profile: str, mig_enabled: bool = False) -> MockGpus:
-    """Write (or rewrite for another profile) the mock driver root at `root`. `mig_enabled`: the GPUs report MIG
-    mode enabled (current and pending), as after `nvidia-smi -mig 1`; the mock cannot switch it (SetMigMode
-    answers NOT_SUPPORTED)."""
+def lay_out(root: Path, profile: str) -> MockGpus:
+    """Write (or rewrite for another profile) the mock driver root at `root`."""
     files = unpacked()
     lib = root / "usr" / "lib64"
     lib.mkdir(parents=True, exist_ok=True)
@@ -114,10 +112,7 @@ def lay_out(root: Path, profile: str, mig_enabled: bool = False) -> MockGpus:
         (lib / link).unlink(missing_ok=True)
         (lib / link).symlink_to(target)
     (root / "config").mkdir(parents=True, exist_ok=True)
-    text = (files / "profiles" / PROFILES[profile]).read_text()
-    if mig_enabled:
-        text = re.sub(r'(mode_(?:current|pending): *)"disabled"', r'\1"enabled"', text)
-    (root / "config" / "config.yaml").write_text(text)
+    shutil.copyfile(files / "profiles" / PROFILES[profile], root / "config" / "config.yaml")
     (root / "proc" / "modules").unlink(missing_ok=True)
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True, exist_ok=True)
