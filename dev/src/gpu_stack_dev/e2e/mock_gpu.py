@@ -127,6 +127,7 @@ def lay_out(root: Path, profile: str, gpus: int | None = None) -> MockGpus:
         (lib / link).symlink_to(target)
     (root / "config").mkdir(parents=True, exist_ok=True)
     (root / "config" / "config.yaml").write_text(trimmed_profile(profile, gpus))
+    (root / "proc" / "modules").unlink(missing_ok=True)
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True, exist_ok=True)
     smi.write_text(NVIDIA_SMI.replace("%(version)s", LIB_VERSION))
@@ -147,6 +148,14 @@ def lay_out(root: Path, profile: str, gpus: int | None = None) -> MockGpus:
     for name, (major, minor) in nodes.items():
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     return MockGpus(root, profile, product, uuids, memory)
+
+
+def stand_in_proc_modules(root: Path) -> Path:
+    """<root>/proc/modules with the line the host kernel shows once the nvidia module is loaded; the node's
+    nvidia handler binds it over /proc/modules in containers given GPUs (hack/node/nvidia-runtime-standin)."""
+    modules = root / "proc" / "modules"
+    modules.write_text("nvidia 104071168 0 - Live 0x0000000000000000 (POE)\n")
+    return modules
 
 
 def values(root: Path) -> dict[str, object]:
