@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-import pytest
 from gpu_stack_dev.chartlib import render
 from gpu_stack_dev.e2e import mock_gpu
+
+from tests.gpu_node import unpacked_or_skip
 
 OVERLAY = "time-slicing-t4-x4.yaml"
 REPLICAS = "sharing.configs.ts-t4-x4.timeSlicing.resources"
@@ -22,12 +23,7 @@ def with_replicas(replicas: int) -> dict[str, object]:
 
 def plugin_config_load(config: str, tmp_path: os.PathLike[str]) -> str:
     """What the real nvidia-device-plugin logs loading `config` (it stops there when it refuses it)."""
-    try:
-        files = mock_gpu.unpacked()
-    except FileNotFoundError as exc:
-        if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    files = unpacked_or_skip()
     path = f"{tmp_path}/config.yaml"
     with open(path, "w") as out:
         out.write(config)

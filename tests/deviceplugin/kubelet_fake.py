@@ -85,3 +85,24 @@ class Watch:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+def advertised(kubelet: FakeKubelet, resources: int, timeout: float = 30) -> dict[str, int]:
+    """{resource: devices} of the next `resources` registrations, each checked as NVIDIA/k8s-device-plugin v0.20.0
+    registers (internal/plugin/server.go Register: version v1beta1, the socket nvidia-<name>.sock, preferred
+    allocation on, no PreStartContainer) and its first ListAndWatch list all Healthy."""
+    pb, _ = stubs.load()
+    out = {}
+    for name, request in kubelet.registered(resources, timeout=timeout).items():
+        assert request.version == "v1beta1"
+        assert request.endpoint == f"nvidia-{name.split('/', 1)[1]}.sock"
+        assert request.options.get_preferred_allocation_available
+        client = kubelet.client(request.endpoint)
+        options = client.GetDevicePluginOptions(pb.Empty(), timeout=5)
+        assert options.get_preferred_allocation_available and not options.pre_start_required
+        watch = Watch(client)
+        devices = watch.next(timeout=timeout)
+        watch.cancel()
+        assert set(devices.values()) == {"Healthy"}
+        out[name] = len(devices)
+    return out

@@ -7,7 +7,6 @@ is a fact of the node, not of the config, so it is left out; so are the labels t
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import pytest
 from gpu_stack_dev.chartlib import render
 from gpu_stack_dev.e2e import mock_gpu
 from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
+
+from tests.gpu_node import unpacked_or_skip
 
 from .real_plugin import plugin_config
 
@@ -37,12 +38,7 @@ NOT_GFD = {
 
 
 def real_gfd_labels(config: str, work: Path) -> dict[str, str]:
-    try:
-        files = mock_gpu.unpacked()
-    except FileNotFoundError as exc:
-        if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    files = unpacked_or_skip()
     (work / "profile.yaml").write_text(mock_gpu.trimmed_profile("a100", GPUS))
     (work / "config.yaml").write_text(config)
     out = work / "labels"

@@ -29,8 +29,10 @@ from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 from tests.e2e.deviceplugin import stubs
 from tests.e2e.deviceplugin.model import mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import StandInPlugin
+from tests.gpu_node import unpacked_or_skip
 
 from .kubelet_fake import FakeKubelet, Watch
+from .kubelet_fake import advertised as kubelet_advertised
 from .real_plugin import RealPlugin, RealPluginUnavailable
 
 STAND_IN, REAL = "stand-in", "nvidia-device-plugin-v0.20.0"
@@ -82,12 +84,7 @@ def plugin_dir() -> Iterator[Path]:
 def start(request: pytest.FixtureRequest, plugin_dir: Path, tmp_path: Path) -> Iterator[Start]:
     """start(overlay, gpus=2, set_json=None, profile="t4", config=None): the plugin under test serving the node's
     config of that render, and the kubelet it registered with."""
-    try:
-        mock_gpu.unpacked()
-    except FileNotFoundError as exc:
-        if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    unpacked_or_skip()
     with ExitStack() as stack:
         def start_(overlay: str, gpus: int = 2, set_json: dict[str, Any] | None = None, profile: str = "t4",
                    config: str | None = None) -> Running:
@@ -125,21 +122,7 @@ def _allocate(running: Running, *containers: list[str], resource: str = "nvidia.
 def test_registers_what_the_chart_and_the_fleet_promise(start: Start, overlay: str, config: str | None,
                                                         profile: str, gpus: int, expected: dict[str, int]) -> None:
     running = start(overlay, gpus=gpus, profile=profile, config=config)
-    registered = running.kubelet.registered(len(expected), timeout=30)
-    assert set(registered) == set(expected)
-    advertised = {}
-    for name, request in registered.items():
-        assert request.version == "v1beta1"
-        assert request.endpoint == f"nvidia-{name.split('/', 1)[1]}.sock"
-        assert request.options.get_preferred_allocation_available
-        client = running.kubelet.client(request.endpoint)
-        options = client.GetDevicePluginOptions(stubs.load()[0].Empty(), timeout=5)
-        assert options.get_preferred_allocation_available and not options.pre_start_required
-        watch = Watch(client)
-        devices = watch.next(timeout=30)
-        watch.cancel()
-        assert set(devices.values()) == {"Healthy"}
-        advertised[name] = len(devices)
+    advertised = kubelet_advertised(running.kubelet, len(expected))
     assert advertised == expected
     sharing = ChartSharing.from_objects(render(4, overlay).objects())
     fleet = plan(NodeSpec("node1", gpus=gpus, model=FLEET_MODEL[profile], config=config), sharing).resources

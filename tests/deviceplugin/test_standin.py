@@ -25,6 +25,7 @@ from tests.e2e.deviceplugin.model import NodePlugin, mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import StandInPlugin, write_health
 
 from .kubelet_fake import FakeKubelet, Watch
+from .kubelet_fake import advertised as kubelet_advertised
 
 # Nodes per overlay: (overlay, GPU model, GPUs, expected {resource: count}), the counts as the chart's
 # overlays promise them (10 MPS clients per GPU, MIG layouts of an A100 40GB).
@@ -84,21 +85,7 @@ def test_registers_what_the_fleet_publishes(plugin_dir: Path, overlay: str, mode
     spec = NodeSpec("node1", gpus=gpus, model=model)
     plugin = node_plugin(spec, sharing, mps_root=mps_root_of(objects))
     with FakeKubelet(plugin_dir) as kubelet, StandInPlugin(plugin, plugin_dir):
-        registered = kubelet.registered(len(expected))
-        assert set(registered) == set(expected)
-        advertised = {}
-        for name, request in registered.items():
-            assert request.version == "v1beta1"
-            assert request.endpoint == f"nvidia-{name.split('/', 1)[1]}.sock"
-            assert request.options.get_preferred_allocation_available
-            client = kubelet.client(request.endpoint)
-            options = client.GetDevicePluginOptions(stubs.load()[0].Empty(), timeout=5)
-            assert options.get_preferred_allocation_available and not options.pre_start_required
-            watch = Watch(client)
-            devices = watch.next()
-            watch.cancel()
-            assert set(devices.values()) == {"Healthy"}
-            advertised[name] = len(devices)
+        advertised = kubelet_advertised(kubelet, len(expected))
     assert advertised == expected
     fleet = {k: int(v) for k, v in plan(spec, sharing).resources.items() if k.startswith("nvidia.com/")}
     assert advertised == fleet

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from gpu_stack_dev.e2e.e2elib import E2ECluster, unique
 
 from .agents import GpuRelease, gpu_release
 from .standin import scratch_namespace, wait_for
-from .test_install import metric_total, scrape
+from .test_install import reviews_total
 
 OVERLAY = "dra.yaml"
 DRIVER = "gpu.nvidia.com"
@@ -113,20 +112,8 @@ def test_the_plugin_publishes_every_mock_gpu_with_its_attributes(a100: GpuReleas
 
 
 def allowed_reviews(release: GpuRelease, kind: str) -> float:
-    """/validate's allowed reviews of `kind` over the webhook pods, once the count holds still (each worker flushes
-    its counters once a second), as test_install.reviews_total counts them for every kind."""
-    pods = release.pods("webhook")
-
-    def total() -> float:
-        return sum(metric_total(scrape(release.cluster, release.release, p), "gpu_stack_admission_reviews_total",
-                                endpoint="validate", decision="allowed", kind=kind) for p in pods)
-    last = total()
-    while True:
-        time.sleep(1.5)
-        now = total()
-        if now == last:
-            return now
-        last = now
+    """/validate's allowed reviews of `kind` over the webhook pods, once the count holds still."""
+    return reviews_total(release.cluster, release.release, release.pods("webhook"), "allowed", kind=kind)
 
 
 def claim_template(name: str) -> dict[str, Any]:

@@ -109,12 +109,13 @@ def scrape(cluster: E2ECluster, release: Release, pod: dict) -> str:
                                            f"https:{pod['metadata']['name']}:8443/proxy/metrics").stdout
 
 
-def reviews_total(cluster: E2ECluster, release: Release, pods: list[dict], decision: str) -> float:
-    """validate reviews with `decision` over the pods, once it holds still: each worker flushes its increments
-    to the multiprocess files once a second, so a scrape right after a review may not count it yet."""
+def reviews_total(cluster: E2ECluster, release: Release, pods: list[dict], decision: str, **labels: str) -> float:
+    """validate reviews with `decision` (and the metric's other `labels`, such as kind) over the pods, once it holds
+    still: each worker flushes its increments to the multiprocess files once a second, so a scrape right after a
+    review may not count it yet."""
     def total() -> float:
         return sum(metric_total(scrape(cluster, release, p), "gpu_stack_admission_reviews_total",
-                                endpoint="validate", decision=decision) for p in pods)
+                                endpoint="validate", decision=decision, **labels) for p in pods)
     last = total()
     while True:
         time.sleep(1.5)
