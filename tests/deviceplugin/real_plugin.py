@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_dev.e2e import mock_gpu
+from gpu_stack_dev.e2e.fleet import ChartSharing
 
 from tests.e2e.deviceplugin.model import mps_root_of
 
@@ -30,17 +31,11 @@ class RealPluginUnavailable(RuntimeError):
 
 
 def plugin_config(objects: list[dict[str, Any]], name: str | None = None) -> str:
-    """The config file the chart's config-manager writes for the node: the ConfigMap entry `name`, else the
-    DEFAULT_CONFIG the chart gives the config-manager."""
+    """The config file the chart's config-manager writes for the node, as the chart renders it: the ConfigMap
+    entry `name`, else the DEFAULT_CONFIG the chart gives the config-manager (ChartSharing reads it)."""
     configmap = next(o for o in objects if o["kind"] == "ConfigMap"
                      and o["metadata"]["name"].endswith("-device-plugin-configs"))
-    if name is None:
-        daemonset = next(o for o in objects if o["kind"] == "DaemonSet"
-                         and o["metadata"]["name"].endswith("-device-plugin"))
-        env = {e["name"]: e.get("value") for c in daemonset["spec"]["template"]["spec"]["containers"]
-               for e in c.get("env") or ()}
-        name = str(env["DEFAULT_CONFIG"])
-    return str(configmap["data"][name])
+    return str(configmap["data"][name if name is not None else ChartSharing.from_objects(objects).default_config])
 
 
 class RealPlugin:
