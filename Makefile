@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: all venv generate test test-interpreted e2e e2e-image demo lint bench bench-inspect helm promtool clean fuzz soak image \
-	release release-prepare
+	release release-prepare release-publish
 
 all: test
 
@@ -135,10 +135,14 @@ lint: $(STAMP) helm
 image:
 	hack/build-image.sh "$(IMAGE)"
 
-# A release (CONTRIBUTING.md, "Releasing"; hack/release.py): release-prepare sets the versions and starts the
-# CHANGELOG section (review and commit them); release refuses a dirty tree, versions other than VERSION and an
-# IMAGE tagged otherwise, then writes the chart package, the image as an OCI archive with its digest, the
-# wheel, the krew plugin and SHA256SUMS into $(RELEASE_DIR)/VERSION and tags the commit vVERSION.
+# A release (CONTRIBUTING.md, "Releasing"; hack/release.py): release-prepare sets the versions (chart, webhook
+# and dev packages, the documents' examples) and starts the CHANGELOG section (review and commit them); release
+# refuses a VERSION that is not SemVer, a dirty tree, versions other than VERSION, a CHANGELOG without the section
+# and an IMAGE tagged otherwise before it builds, then writes the chart package, the image as an OCI archive, the
+# wheel, the krew plugin and SHA256SUMS into $(RELEASE_DIR)/VERSION and tags the commit vVERSION (run again
+# on that tag, it finishes without building). release-publish pushes them to REGISTRY (host[/path]): the image
+# to REGISTRY/gpu-stack-webhook, its digest read back from the registry into the chart package and the .digest
+# file, the chart to oci://REGISTRY/charts; REGISTRY_CA is a CA file for a registry the system does not trust.
 RELEASE_DIR ?= dist
 release-prepare: $(STAMP)
 	@[ -n "$(VERSION)" ] || { echo "release-prepare: VERSION=x.y.z is required" >&2; exit 1; }
@@ -148,6 +152,12 @@ release: $(STAMP) helm
 	@[ -n "$(VERSION)" ] || { echo "release: VERSION=x.y.z is required" >&2; exit 1; }
 	HELM="$$(hack/ensure-helm.sh 3)" $(PY) hack/release.py build "$(VERSION)" --out "$(RELEASE_DIR)" \
 	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(filter 0,$(RELEASE_TAG)),--no-tag)
+
+release-publish: $(STAMP) helm
+	@[ -n "$(VERSION)" ] && [ -n "$(REGISTRY)" ] || { echo "release: VERSION=x.y.z and REGISTRY=host[/path] are required" >&2; exit 1; }
+	@command -v skopeo >/dev/null || { echo "release: skopeo is not installed (apt-get install skopeo)" >&2; exit 1; }
+	HELM="$$(hack/ensure-helm.sh 3)" $(PY) hack/release.py publish "$(VERSION)" --registry "$(REGISTRY)" \
+	  --out "$(RELEASE_DIR)" $(if $(REGISTRY_CA),--ca-file "$(REGISTRY_CA)")
 
 # The demo on a real control plane when one is at hand (gpu_stack_dev.demo_live: chart installed, real kubectl),
 # else offline (hack/demo.py); its first line says which.

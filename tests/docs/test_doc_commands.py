@@ -94,7 +94,9 @@ SERVED = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmission
           "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
 
 
-RELEASED_CHART = "oci://ghcr.io/gpu-stack/charts/gpu-stack"
+def is_released_chart(word: str) -> bool:
+    """oci://<registry>/charts/gpu-stack: a release's chart, `make release-publish` pushed it there."""
+    return word.startswith("oci://") and word.endswith("/charts/gpu-stack")
 
 
 def render_as_typed(words: list[str]) -> subprocess.CompletedProcess[str]:
@@ -102,9 +104,9 @@ def render_as_typed(words: list[str]) -> subprocess.CompletedProcess[str]:
     against a 1.36 API server (SERVED). --reuse-values has no release to reuse here, and the checks that
     need a cluster do not run: tests/e2e/test_doc_commands_live.py runs the lines against one."""
     args = [a for a in words[2:] if a not in ("--reuse-values", "--install", "--create-namespace")]
-    if RELEASED_CHART in args:  # a release's chart is this one, packaged (tests/release/test_release.py)
+    if any(is_released_chart(a) for a in args):  # this chart, packaged (tests/release/test_release.py)
         at = args.index("--version")
-        args = [str(CHART) if a == RELEASED_CHART else a for a in args[:at] + args[at + 2:]]
+        args = [str(CHART) if is_released_chart(a) else a for a in args[:at] + args[at + 2:]]
     argv = [helm(), "template", *args, *SERVED]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
 

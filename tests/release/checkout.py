@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ("hack/release.py", "hack/build-image.sh", "charts/gpu-stack", "webhook", "CHANGELOG.md", "LICENSE")
+COPIED = ("hack/release.py", "hack/build-image.sh", "charts/gpu-stack", "webhook", "CHANGELOG.md", "LICENSE",
+          "dev/pyproject.toml", "README.md", "docs/real-node.md")
 FAKE_BUILDAH = f"""#!{sys.executable}
 import hashlib, io, json, sys, tarfile
 args = sys.argv[1:]
@@ -27,6 +28,38 @@ if args[:1] == ["push"]:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
 """
+
+
+# `make release-publish` without a registry: skopeo `copy` records its arguments, `inspect` answers a digest of
+# its own for the reference (as a registry that recompressed the layers would: not the archive's).
+FAKE_SKOPEO = f"""#!{sys.executable}
+import hashlib, json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_REGISTRY_LOG"], "a") as log:
+    log.write(json.dumps(["skopeo", *args]) + "\\n")
+if args[0] == "inspect":
+    print("sha256:" + hashlib.sha256(("registry " + args[-1]).encode()).hexdigest())
+"""
+# helm as it is, but `push` only records its arguments
+FAKE_HELM = f"""#!{sys.executable}
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["push"]:
+    with open(os.environ["FAKE_REGISTRY_LOG"], "a") as log:
+        log.write(json.dumps(["helm", *args]) + "\\n")
+    sys.exit(0)
+os.execv(os.environ["REAL_HELM"], [os.environ["REAL_HELM"], *args])
+"""
+
+
+def registry_fakes(where: Path, helm: str) -> tuple[str, dict[str, str], Path]:
+    """(PATH, environment, the log) for `hack/release.py publish` against FAKE_SKOPEO and FAKE_HELM."""
+    path = engine_path(where)
+    fakes, log = where / "fakes", where / "registry.log"
+    for name, text in (("skopeo", FAKE_SKOPEO), ("helm", FAKE_HELM)):
+        (fakes / name).write_text(text)
+        (fakes / name).chmod(0o755)
+    return path, {"FAKE_REGISTRY_LOG": str(log), "REAL_HELM": helm}, log
 
 
 def git(repo: Path, *args: str) -> str:

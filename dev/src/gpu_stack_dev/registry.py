@@ -5,6 +5,8 @@
         reg.trust_from(real_node)                     # containerd's hosts.toml: the CA, for this host only
         digest = reg.push_archive(archive, "gpu-stack/gpu-stack-webhook", "0.2.0")  # any docker/OCI archive
         reg.push_chart(package, helm)                 # helm push ... oci://<host>/charts
+        reg.login_helm(helm)                          # then `hack/release.py publish` with HELM_REGISTRY_CONFIG
+        reg.digest("gpu-stack/gpu-stack-webhook", "0.2.0")  # what the registry serves (skopeo inspect)
         reg.pull_secret(cluster, namespace)           # a kubernetes.io/dockerconfigjson Secret
 
 `push_archive` takes what `ctr images import` takes (a docker-archive or an OCI archive), so any image the
@@ -20,7 +22,6 @@ import ipaddress
 import json
 import secrets
 import subprocess
-import tarfile
 import time
 from pathlib import Path
 from typing import Protocol
@@ -29,6 +30,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpu_stack_dev.release import archive_transport
+
+__all__ = ["Registry", "RegistryError", "archive_transport"]
 
 PORT = 5443
 USER = "gpu-stack-e2e"
@@ -69,14 +74,6 @@ def _pem(cert: x509.Certificate) -> bytes:
 def _key(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
-
-
-def archive_transport(archive: Path) -> str:
-    """skopeo's transport for an image tarball: an OCI layout has index.json, a docker-archive manifest.json."""
-    with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-    docker = "manifest.json" in names or "./manifest.json" in names  # docker save >= 25 writes both
-    return "docker-archive" if docker else "oci-archive"
 
 
 class Registry:
@@ -162,13 +159,26 @@ class Registry:
         """What helm needs to reach this registry: its CA and the login `push_chart` stored."""
         return ["--registry-config", str(self.helm_registry_config), "--ca-file", str(self.ca_cert)]
 
-    def push_chart(self, package: Path, helm: str, project: str = "charts") -> str:
-        """`helm push` the package to oci://<host>/<project>; returns the chart's oci:// reference."""
+    def login_helm(self, helm: str) -> Path:
+        """`helm registry login` into helm_registry_config, which is also a containers auth file (the same
+        format): what `make release-publish` uses for helm and skopeo (HELM_REGISTRY_CONFIG)."""
         subprocess.run([helm, "registry", "login", self.host, "--username", self.username, "--password-stdin",
                         *self.helm_flags()], input=self.password, check=True, capture_output=True, text=True)
+        return self.helm_registry_config
+
+    def push_chart(self, package: Path, helm: str, project: str = "charts") -> str:
+        """`helm push` the package to oci://<host>/<project>; returns the chart's oci:// reference."""
+        self.login_helm(helm)
         subprocess.run([helm, "push", str(package), f"oci://{self.host}/{project}", *self.helm_flags()],
                        check=True, capture_output=True, text=True)
         return f"oci://{self.host}/{project}/{package.name.rsplit('-', 1)[0]}"
+
+    def digest(self, repository: str, tag: str) -> str:
+        """The manifest digest the registry serves for <repository>:<tag> (skopeo inspect)."""
+        return subprocess.run(["skopeo", "inspect", "--no-tags", "--cert-dir", str(self.certs), "--creds",
+                               f"{self.username}:{self.password}", "--format", "{{.Digest}}",
+                               f"docker://{self.host}/{repository}:{tag}"],
+                              check=True, capture_output=True, text=True).stdout.strip()
 
     def docker_config_json(self, password: str | None = None) -> str:
         auth = base64.b64encode(f"{self.username}:{password or self.password}".encode()).decode()

@@ -14,7 +14,17 @@ from typing import Any
 
 import yaml
 
-VERSION = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?$")
+# SemVer 2.0.0 (https://semver.org/#backusnaur-form-grammar-for-valid-semver-versions) without build metadata:
+# x.y.z or x.y.z-pre, no leading zeros, pre-release identifiers dot-separated, non-empty, numeric ones without
+# leading zeros.
+_NUMBER = r"(?:0|[1-9]\d*)"
+_PRE_ID = r"(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)"
+VERSION = re.compile(rf"^{_NUMBER}\.{_NUMBER}\.{_NUMBER}(?:-{_PRE_ID}(?:\.{_PRE_ID})*)?$")
+SEMVER = r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]*[0-9A-Za-z])?"
+# The documents' examples that name the chart's version (the webhook image `make image` tags with it):
+# `gpu-stack-webhook:x.y.z` and `webhook.image.tag=x.y.z`.
+EXAMPLE_DOCUMENTS = ("README.md", "charts/gpu-stack/README.md", "docs/real-node.md")
+EXAMPLE_VERSION = re.compile(rf"((?:\bgpu-stack-webhook:|\bwebhook\.image\.tag=))({SEMVER})\b")
 # Keep a Changelog's section headings -> artifacthub.io/changes kinds (https://artifacthub.io/docs/topics/annotations/helm/).
 CHANGE_KINDS = {"Added": "added", "Changed": "changed", "Deprecated": "deprecated", "Removed": "removed",
                 "Fixed": "fixed", "Security": "security"}
@@ -60,14 +70,31 @@ PACKAGE_VERSION = re.compile(r'^(__version__\s*=\s*)"([^"]*)"', re.M)
 PROJECT_VERSION = re.compile(r'^(\[project\][^\[]*?^version\s*=\s*)"([^"]*)"', re.M | re.S)
 
 
-def tree_versions(chart_yaml: str, webhook_pyproject: str, webhook_init: str) -> dict[str, str]:
-    """Where the version lives in the checkout -> the version written there."""
+def example_versions(path: str, text: str) -> dict[str, str]:
+    """`path:line example` -> the version each of the document's examples names (EXAMPLE_VERSION)."""
+    return {f"{path}:{text.count(chr(10), 0, m.start()) + 1} `{m.group(1)}`": m.group(2)
+            for m in EXAMPLE_VERSION.finditer(text)}
+
+
+def set_example_versions(text: str, version: str) -> str:
+    return EXAMPLE_VERSION.sub(lambda m: m.group(1) + version, text)
+
+
+def tree_versions(chart_yaml: str, webhook_pyproject: str, webhook_init: str, dev_pyproject: str = "",
+                  documents: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where the version lives in the checkout -> the version written there (`documents`: path -> text of
+    EXAMPLE_DOCUMENTS, whose examples name it)."""
     chart = yaml.safe_load(chart_yaml)
     project, package = PROJECT_VERSION.search(webhook_pyproject), PACKAGE_VERSION.search(webhook_init)
-    return {"charts/gpu-stack/Chart.yaml version": str(chart["version"]),
-            "charts/gpu-stack/Chart.yaml appVersion": str(chart["appVersion"]),
-            "webhook/pyproject.toml version": project.group(2) if project else "",
-            "gpu_stack_webhook.__version__": package.group(2) if package else ""}
+    dev = PROJECT_VERSION.search(dev_pyproject)
+    versions = {"charts/gpu-stack/Chart.yaml version": str(chart["version"]),
+                "charts/gpu-stack/Chart.yaml appVersion": str(chart["appVersion"]),
+                "webhook/pyproject.toml version": project.group(2) if project else "",
+                "gpu_stack_webhook.__version__": package.group(2) if package else "",
+                "dev/pyproject.toml version": dev.group(2) if dev else ""}
+    for path, text in (documents or {}).items():
+        versions.update(example_versions(path, text))
+    return versions
 
 
 def check_tree_versions(versions: Mapping[str, str], version: str) -> None:
@@ -82,9 +109,13 @@ def set_versions(chart_yaml: str, webhook_pyproject: str, webhook_init: str, ver
     """Chart.yaml's version and appVersion and the webhook package's version set to `version`."""
     chart = re.sub(r"^version:.*$", f"version: {version}", chart_yaml, count=1, flags=re.M)
     chart = re.sub(r"^appVersion:.*$", f'appVersion: "{version}"', chart, count=1, flags=re.M)
-    project = PROJECT_VERSION.sub(rf'\g<1>"{version}"', webhook_pyproject, count=1)
-    package = PACKAGE_VERSION.sub(rf'\g<1>"{version}"', webhook_init, count=1)
-    return chart, project, package
+    return chart, set_project_version(webhook_pyproject, version), PACKAGE_VERSION.sub(
+        rf'\g<1>"{version}"', webhook_init, count=1)
+
+
+def set_project_version(pyproject: str, version: str) -> str:
+    """A pyproject.toml's [project] version set to `version`."""
+    return PROJECT_VERSION.sub(rf'\g<1>"{version}"', pyproject, count=1)
 
 
 def changelog_section(changelog: str, version: str) -> str:
@@ -155,26 +186,62 @@ def released_chart_yaml(chart_yaml: str, annotations: Mapping[str, str]) -> str:
     return yaml.safe_dump(chart, sort_keys=False, width=1000)
 
 
-def released_values(values_yaml: str, repository: str) -> str:
-    """values.yaml with webhook.image.repository set to where the release's image is published (the text is
+def released_values(values_yaml: str, repository: str, digest: str = "") -> str:
+    """values.yaml with webhook.image.repository set to where the release's image is published and, once the
+    registry has told it (`make release-publish`), webhook.image.digest to the digest it serves (the text is
     kept, comments and all: `helm show values` shows them)."""
-    pattern = re.compile(r'(^webhook:\n(?:(?:  .*|\s*)\n)*?  image:\n(?:(?:    .*|\s*)\n)*?    repository: )""$', re.M)
-    released, count = pattern.subn(lambda m: m.group(1) + json.dumps(repository), values_yaml, count=1)
-    if count != 1:
-        raise ReleaseError('charts/gpu-stack/values.yaml has no webhook.image.repository: "" to set')
+    released = values_yaml
+    for key, value in (("repository", repository), ("digest", digest)):
+        if not value:
+            continue
+        pattern = re.compile(rf'(^webhook:\n(?:(?:  .*|\s*)\n)*?  image:\n(?:(?:    .*|\s*)\n)*?    {key}: ).*$',
+                             re.M)
+        quoted = json.dumps(value).replace("\\", "\\\\")  # a replacement template: its backslashes escaped
+        released, count = pattern.subn(rf"\g<1>{quoted}", released, count=1)
+        if count != 1:
+            raise ReleaseError(f"the chart's values.yaml has no webhook.image.{key} to set")
     return released
 
 
-def oci_archive_digest(archive: Path) -> str:
-    """The manifest digest of the one image in an oci-archive (index.json), what a registry serves it as."""
+def webhook_image_ref(repository: str, version: str, digest: str = "") -> str:
+    """The released webhook image as the artifacthub.io/images annotation names it."""
+    return f"{repository}:{version}" + (f"@{digest}" if digest else "")
+
+
+def archive_transport(archive: Path) -> str:
+    """skopeo's transport for an image tarball: an OCI layout has index.json, a docker-archive manifest.json
+    (`docker save` >= 25 writes both: it is read as the docker-archive it is)."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        if member is None:
-            raise ReleaseError(f"{archive} is not an OCI archive (no index.json)")
-        manifests = json.load(member).get("manifests", [])
-    if len(manifests) != 1:
-        raise ReleaseError(f"{archive} holds {len(manifests)} manifests, not one image")
-    return str(manifests[0]["digest"])
+        names = set(tar.getnames())
+    docker = "manifest.json" in names or "./manifest.json" in names
+    return "docker-archive" if docker else "oci-archive"
+
+
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def check_digest(digest: str, image: str) -> str:
+    if not DIGEST.match(digest):
+        raise ReleaseError(f"the registry answered {digest!r} for the digest of {image}, not sha256:<64 hex>")
+    return digest
+
+
+def read_sha256sums(directory: Path) -> list[str]:
+    """What is wrong with `directory` as a release's files: SHA256SUMS missing, a file it lists missing or
+    changed, a file it does not list ([] when `sha256sum -c SHA256SUMS` would pass and lists every file)."""
+    sums = directory / "SHA256SUMS"
+    if not sums.is_file():
+        return ["no SHA256SUMS"]
+    listed: dict[str, str] = {}
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    problems = [f"{name} is missing" for name in listed if not (directory / name).is_file()]
+    problems += [f"{name} does not match SHA256SUMS" for name, digest in listed.items()
+                 if (directory / name).is_file() and sha256_file(directory / name) != digest]
+    problems += [f"{p.name} is not in SHA256SUMS" for p in sorted(directory.iterdir())
+                 if p.name != "SHA256SUMS" and p.name not in listed]
+    return problems
 
 
 def sha256_file(path: Path) -> str:

@@ -1,24 +1,29 @@
-"""A release installed the way users install one: `make release` output pushed to a real registry on the node's
-network (gpu_stack_dev.registry: Debian's docker-registry over TLS with a test CA and htpasswd auth), the
-chart installed with `helm install gpu-stack oci://<registry>/charts/gpu-stack --version x.y.z`, the webhook
-image pulled by the kubelet through containerd with an imagePullSecrets Secret and the registry's CA trusted
-by containerd (hosts.toml), not imported.
+"""A release installed the way users install one: `make release` output published by `make release-publish`
+to a real registry on the node's network (gpu_stack_dev.registry: Debian's docker-registry over TLS with a test
+CA and htpasswd auth), the chart installed with `helm install gpu-stack oci://<registry>/gpu-stack/charts/gpu-stack
+--version x.y.z` and no image flag, the webhook image pulled by the kubelet through containerd by the digest
+the registry serves, with an imagePullSecrets Secret and the registry's CA trusted by containerd (hosts.toml),
+not imported.
 
 Two releases are cut from a throwaway checkout (tests/release/checkout.py): 0.1.0 as the tree stands, then
 0.2.0 after `release-prepare`. Their images are the one `make e2e-image` built, committed once per version
-with the version label (a digest each) instead of being built twice; everything else is `make release`'s.
+with the version label (a digest each) instead of being built twice; everything else is `make release`'s and
+`make release-publish`'s (hack/release.py build, publish).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 from gpu_stack_dev import node
 from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases, unique
 from gpu_stack_dev.e2e.node_install import IMAGE, IMAGE_ARCHIVE, INSTALL_SET, webhook_pods
@@ -31,15 +36,28 @@ from .standin import wait_for
 from .test_drills import Admissions
 
 PREVIOUS, NEW = "0.1.0", "0.2.0"
-REPOSITORY = "gpu-stack/gpu-stack-webhook"  # the released chart's default, ghcr.io/gpu-stack/gpu-stack-webhook
+PROJECT = "gpu-stack"  # make release-publish REGISTRY=<host>/gpu-stack
+REPOSITORY = f"{PROJECT}/gpu-stack-webhook"
 
 
 @dataclass(frozen=True)
 class Published:
     registry: Registry
-    chart: str  # oci://<host>/charts/gpu-stack
+    chart: str  # oci://<host>/gpu-stack/charts/gpu-stack
     digests: dict[str, str]  # version -> the digest the release's .digest file names
-    pushed: dict[str, str]  # version -> the digest the registry answered the push with
+    pinned: dict[str, str]  # version -> the webhook.image.digest of the chart package publish rewrote
+    served: dict[str, str]  # version -> the digest the registry serves (skopeo inspect, here)
+
+    @property
+    def image(self) -> str:
+        return f"{self.registry.host}/{REPOSITORY}"
+
+
+def package_digest(package: Path) -> str:
+    with tarfile.open(package) as tar:
+        member = tar.extractfile("gpu-stack/values.yaml")
+        assert member is not None
+        return str(yaml.safe_load(member.read())["webhook"]["image"]["digest"])
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +68,11 @@ def published(real_node: node.Node, cluster: E2ECluster, node_registry: Registry
     # the image in buildah's storage when buildah built it (no import), else the archive any engine writes
     in_storage = subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True, check=False)
     path, env = prebuilt_engine_path(where, IMAGE if in_storage.returncode == 0 else f"docker-archive:{IMAGE_ARCHIVE}")
+    # `helm registry login`, as a user does before `make release-publish`; skopeo reads the same file
+    env["HELM_REGISTRY_CONFIG"] = str(node_registry.login_helm(cluster.helm3_bin))
     started = time.monotonic()
-    digests, pushes = {}, {}
-    # each release is pushed while the next one is cut
+    publishes = {}
+    # each release is published while the next one is cut
     with ThreadPoolExecutor(2) as pool:
         for version in (PREVIOUS, NEW):
             if version == NEW:
@@ -62,21 +82,27 @@ def published(real_node: node.Node, cluster: E2ECluster, node_registry: Registry
             built = run_release(repo, path, "build", version, helm=cluster.helm3_bin, extra_env=env)
             subprocess.run(["buildah", "rmi", f"ghcr.io/{REPOSITORY}:{version}"], check=False, capture_output=True)
             assert built.returncode == 0, built.stdout + built.stderr
-            out = repo / "dist" / version
-            digests[version] = (out / f"gpu-stack-webhook-{version}.digest").read_text().strip()
-            pushes[version] = pool.submit(node_registry.push_archive, out / f"gpu-stack-webhook-{version}.oci.tar",
-                                          REPOSITORY, version)
-    for version in (PREVIOUS, NEW):
-        chart = node_registry.push_chart(repo / "dist" / version / f"gpu-stack-{version}.tgz", cluster.helm3_bin)
+            publishes[version] = pool.submit(
+                run_release, repo, path, "publish", version, "--registry", f"{node_registry.host}/{PROJECT}",
+                "--ca-file", str(node_registry.ca_cert), helm=cluster.helm3_bin, extra_env=env)
+    for publish in publishes.values():
+        proc = publish.result()
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        print(proc.stdout.strip())
     print(f"releases cut and published in {time.monotonic() - started:.1f}s")
-    return Published(node_registry, chart, digests, {version: push.result() for version, push in pushes.items()})
+    dist = repo / "dist"
+    return Published(
+        node_registry, f"oci://{node_registry.host}/{PROJECT}/charts/gpu-stack",
+        {v: (dist / v / f"gpu-stack-webhook-{v}.digest").read_text().strip() for v in (PREVIOUS, NEW)},
+        {v: package_digest(dist / v / f"gpu-stack-{v}.tgz") for v in (PREVIOUS, NEW)},
+        {v: node_registry.digest(REPOSITORY, v) for v in (PREVIOUS, NEW)})
 
 
 def helm_from_registry(cluster: E2ECluster, published: Published, verb: str, release: Release, version: str,
                        *values: str, wait: str = "4m", check: bool = True) -> str:
-    """`helm install|upgrade <release> oci://<registry>/charts/gpu-stack --version <version>` with the registry
-    as a mirror of the chart's default one, the pull secret and this machine's INSTALL_SET."""
-    sets = [f"webhook.image.registry={published.registry.host}", *values]
+    """`helm install|upgrade <release> oci://<registry>/gpu-stack/charts/gpu-stack --version <version>`: no image
+    flag (the published chart names its image by digest), the pull secret and this machine's INSTALL_SET."""
+    sets = list(values)
     args = [verb, release.name, published.chart, "--version", version, "-n", release.namespace,
             *published.registry.helm_flags(), "--wait", "--timeout", wait]
     for key, value in INSTALL_SET.items():
@@ -140,42 +166,42 @@ def from_registry(cluster: E2ECluster, published: Published) -> Iterator[Release
         helper.cleanup()
 
 
-def test_the_registry_serves_the_digest_the_release_names(published: Published) -> None:
-    assert published.pushed == published.digests
-    assert published.digests[PREVIOUS] != published.digests[NEW]
+def test_the_release_pins_the_digest_the_registry_serves(published: Published) -> None:
+    assert published.digests == published.served
+    assert published.pinned == published.served
+    assert published.served[PREVIOUS] != published.served[NEW]
 
 
 def test_the_node_pulls_the_released_image_with_the_pull_secret(
         cluster: E2ECluster, published: Published, from_registry: Release, real_node: node.Node) -> None:
-    image = f"{published.registry.host}/{REPOSITORY}"
-    assert running_images(cluster, from_registry) == {
-        (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
+    pinned = f"{published.image}@{published.served[PREVIOUS]}"
+    assert running_images(cluster, from_registry) == {(pinned, pinned)}
     pod = webhook_pods(cluster, from_registry)[0]
     assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-pull"}]
     pulled = cluster.get_json("events", "-n", from_registry.namespace, "--field-selector", "reason=Pulled")["items"]
     print("\n".join(e["message"] for e in pulled))  # the kubelet's "Successfully pulled image ... in <time>"
     listed = real_node.ctr("images", "ls", "-q").stdout.split()
-    assert f"{image}:{PREVIOUS}" in listed  # pulled by name through the registry, not imported
+    assert pinned in listed, listed  # pulled by digest through the registry, not imported
 
 
-def test_an_upgrade_to_the_pinned_new_release_keeps_the_webhook_answering_and_rollback_restores_it(
+def test_an_upgrade_to_the_new_release_keeps_the_webhook_answering_and_rollback_restores_it(
         cluster: E2ECluster, published: Published, from_registry: Release) -> None:
-    image = f"{published.registry.host}/{REPOSITORY}"
     load_namespace = cluster.create_namespace(unique("load"))
     load = Admissions(cluster, load_namespace)
     with load.running():
         time.sleep(3)
-        helm_from_registry(cluster, published, "upgrade", from_registry, NEW, "webhook.imagePullSecrets[0].name="
-                           "registry-pull", f"webhook.image.digest={published.digests[NEW]}")
+        helm_from_registry(cluster, published, "upgrade", from_registry, NEW,
+                           "webhook.imagePullSecrets[0].name=registry-pull")
         upgraded = running_images(cluster, from_registry)
         time.sleep(3)
-    assert upgraded == {(f"{image}@{published.digests[NEW]}", f"{image}@{published.digests[NEW]}")}
+    new = f"{published.image}@{published.served[NEW]}"
+    assert upgraded == {(new, new)}
     assert set(load.verdicts("bad-gpu")) == {"denied"}, str(load)
     assert set(load.verdicts("good-gpu")) == {"admitted"}, str(load)
     assert set(load.verdicts("plain")) == {"admitted"}, str(load)
 
     cluster.helm("rollback", from_registry.name, "1", "-n", from_registry.namespace, "--wait", "--timeout", "4m",
                  timeout=300)
-    assert running_images(cluster, from_registry) == {
-        (f"{image}:{PREVIOUS}", f"{image}@{published.digests[PREVIOUS]}")}
+    previous = f"{published.image}@{published.served[PREVIOUS]}"
+    assert running_images(cluster, from_registry) == {(previous, previous)}
     cluster.kubectl("delete", "namespace", load_namespace, "--wait=false")
