@@ -225,5 +225,6 @@ def clock_library(root: Path) -> Path:
                        check=True, capture_output=True)
         partial.replace(built)
     target = root / "config" / CLOCK
+    target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, target)
     return target
