@@ -39,10 +39,12 @@ def plugin_config(objects: list[dict[str, Any]], name: str | None = None) -> str
 
 
 class RealPlugin:
-    """One run of the binary for a chart render; a context manager. `dev_root` is where its device nodes are."""
+    """One run of the binary for a chart render; a context manager. `dev_root` is where its device nodes are (and
+    the mock's profile, under config/: mock_gpu.inject_failure fails a GPU there); `env` is added to the
+    binary's environment (e.g. DP_DISABLE_HEALTHCHECKS)."""
 
     def __init__(self, objects: list[dict[str, Any]], plugin_dir: Path, work: Path, *, profile: str = "t4",
-                 gpus: int = 2, config: str | None = None) -> None:
+                 gpus: int = 2, config: str | None = None, env: dict[str, str] | None = None) -> None:
         try:
             files = mock_gpu.unpacked()
         except FileNotFoundError as exc:
@@ -56,6 +58,7 @@ class RealPlugin:
         self.config.write_text(plugin_config(objects, config))
         self.log = work / "plugin.log"
         self.plugin_dir, self.mps_root = plugin_dir, mps_root_of(objects)
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RealPlugin:
@@ -64,7 +67,7 @@ class RealPlugin:
         script = (f"mount -t tmpfs tmpfs /var/lib && mount -t tmpfs tmpfs /run && mkdir -p {DEVICE_PLUGIN_PATH} && "
                   f'mount --bind "$0" {DEVICE_PLUGIN_PATH} && exec "$@"')
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NVIDIA_DRIVER_ROOT": root, "NVIDIA_DEV_ROOT": root,
-               "MPS_ROOT": self.mps_root}
+               "MPS_ROOT": self.mps_root, **self.extra_env}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 ["unshare", "-m", "sh", "-c", script, str(self.plugin_dir), str(self.binary),

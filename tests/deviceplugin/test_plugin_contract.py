@@ -4,9 +4,9 @@ the in-process kubelet of kubelet_fake.py, real gRPC over unix sockets, the char
 expectations are the upstream facts written out, so a stand-in answer that parts from the binary's fails here,
 and so does a fleet count (gpu_stack_dev.e2e.fleet) that is not what the binary advertises.
 
-What only the stand-in can show (test_standin.py): MIG devices (the mock creates none), a device turning
-Unhealthy (the mock raises no XID events), and the MPS answer (the real plugin first asks its MPS daemon, which
-it looks for at the fixed container path /mps)."""
+What only the stand-in can show (test_standin.py): MIG devices (the mock creates none) and the MPS answer (the
+real plugin first asks its MPS daemon, which it looks for at the fixed container path /mps). A device turning
+Unhealthy is the real plugin's alone (test_real_plugin_health.py: the mock delivers an injected Xid)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """What only the stand-in device plugin (tests/e2e/deviceplugin) can show, against a kubelet's side of the API
 in-process: real gRPC over unix sockets, the chart rendered with real helm. Everything the real
 nvidia-device-plugin v0.20.0 can show on NVIDIA's mock NVML is asked of both in test_plugin_contract.py; here
-are the MIG resources (the mock creates no MIG devices), the MPS answer (the real plugin first asks its MPS
-daemon at the fixed path /mps), and health (the mock raises no XID events). The facts are listed, with their
-upstream lines, in tests/e2e/deviceplugin/model.py."""
+are the MIG resources (the mock creates no MIG devices) and the MPS answer (the real plugin first asks its MPS
+daemon at the fixed path /mps). Health is the real plugin's (test_real_plugin_health.py). The facts are listed,
+with their upstream lines, in tests/e2e/deviceplugin/model.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 
 from tests.e2e.deviceplugin import stubs
 from tests.e2e.deviceplugin.model import NodePlugin, mps_root_of, node_plugin
-from tests.e2e.deviceplugin.server import StandInPlugin, write_health
+from tests.e2e.deviceplugin.server import StandInPlugin
 
 from .kubelet_fake import FakeKubelet, Watch
 from .kubelet_fake import advertised as kubelet_advertised
@@ -101,50 +101,21 @@ def test_allocate_mps_adds_the_daemon_pipe_and_shm(plugin_dir: Path) -> None:
         ("/mps/nvidia.com/gpu/pipe", "/run/nvidia/mps/nvidia.com/gpu/pipe"), ("/dev/shm", "/run/nvidia/mps/shm")]
 
 
-def test_unhealthy_and_back_on_the_watch_stream(plugin_dir: Path) -> None:
-    plugin = _plugin("default")
-    a, b = (d.id for d in plugin.resources[0].devices)
-    with FakeKubelet(plugin_dir) as kubelet, StandInPlugin(plugin, plugin_dir) as standin:
-        watch = Watch(kubelet.client(kubelet.registered(1)["nvidia.com/gpu"].endpoint))
-        assert watch.next() == {a: "Healthy", b: "Healthy"}
-        assert standin.xid(plugin.resources[0].devices[1].gpu_uuid) == [("nvidia.com/gpu", b)]
-        assert watch.next() == {a: "Healthy", b: "Unhealthy"}
-        standin.set_health("nvidia.com/gpu", b, healthy=True)
-        assert watch.next() == {a: "Healthy", b: "Healthy"}
-        watch.cancel()
-
-
-def test_an_xid_on_a_shared_gpu_marks_one_replica(plugin_dir: Path) -> None:
-    """health.go keeps one device per GPU UUID, so one replica of a time-sliced GPU turns Unhealthy."""
-    plugin = _plugin("time-slicing-t4-x4.yaml", gpus=1)
-    with FakeKubelet(plugin_dir) as kubelet, StandInPlugin(plugin, plugin_dir) as standin:
-        watch = Watch(kubelet.client(kubelet.registered(1)["nvidia.com/gpu"].endpoint))
-        watch.next()
-        standin.xid(plugin.gpu_uuids()[0])
-        health = watch.next()
-        watch.cancel()
-    assert sorted(health.values()) == ["Healthy"] * 3 + ["Unhealthy"]
-
-
-def test_the_process_registers_and_follows_its_health_file(plugin_dir: Path, tmp_path: Path) -> None:
-    """`python -m tests.e2e.deviceplugin`, the form an e2e node runs, driven through its health file."""
+def test_the_process_registers_and_serves_until_terminated(plugin_dir: Path, tmp_path: Path) -> None:
+    """`python -m tests.e2e.deviceplugin`, the form an e2e node runs: a MIG node's devices, all Healthy."""
     rendered = tmp_path / "render.yaml"
-    rendered.write_text(render(4, "time-slicing-t4-x4.yaml").stdout, encoding="utf-8")
-    health = plugin_dir / "health.json"
+    rendered.write_text(render(4, "mig-single-all-1g.yaml").stdout, encoding="utf-8")
     with FakeKubelet(plugin_dir) as kubelet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.deviceplugin", "--render", str(rendered), "--node", "node1",
-             "--gpus", "1", "--plugin-dir", str(plugin_dir), "--health-file", str(health)],
+             "--gpus", "1", "--model", "NVIDIA-A100-SXM4-40GB", "--plugin-dir", str(plugin_dir)],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
             devices = json.loads(proc.stdout.readline())["nvidia.com/gpu"]
+            assert len(devices) == 7
             request = kubelet.registered(1)["nvidia.com/gpu"]
             watch = Watch(kubelet.client(request.endpoint))
-            assert watch.next() == dict.fromkeys(devices, "Healthy")
-            write_health(health, [devices[2]])
-            assert watch.next() == {**dict.fromkeys(devices, "Healthy"), devices[2]: "Unhealthy"}
-            write_health(health, [])
             assert watch.next() == dict.fromkeys(devices, "Healthy")
             watch.cancel()
         finally:

@@ -4,6 +4,7 @@ PrometheusRule as a promtool rule file."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -36,6 +37,25 @@ def write_rules(directory: Path, spec: dict[str, Any], name: str = "rules.yaml")
     path = directory / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
+
+
+def ksm_node_status_series(node: dict[str, Any]) -> dict[str, float]:
+    """The kube_node_status_capacity/allocatable series kube-state-metrics v2.20.0 exports for a Node object's
+    extended resources (internal/store/node.go createNodeStatusCapacityFamilyGenerator and
+    createNodeStatusAllocatableFamilyGenerator: status.capacity/allocatable, the resource name through
+    SanitizeLabelName (every character not allowed in a label name becomes `_`), unit `integer` for an
+    extended resource; the job label as the chart's unit tests name it: the alerts do not read it). CPU, memory,
+    pods and the like are left out."""
+    name = node["metadata"]["name"]
+    out = {}
+    for metric, field in (("kube_node_status_capacity", "capacity"), ("kube_node_status_allocatable", "allocatable")):
+        for resource, quantity in node["status"].get(field, {}).items():
+            if "/" not in resource or resource.startswith(("kubernetes.io/", "hugepages-")):
+                continue
+            label = re.sub(r"[^a-zA-Z0-9_]", "_", resource)
+            series = f'{metric}{{node="{name}", resource="{label}", unit="integer", job="kube-state-metrics"}}'
+            out[series] = float(quantity)
+    return out
 
 
 DASHBOARDS_ON = {"monitoring.dashboards.enabled": True}

@@ -2,10 +2,9 @@
 
     python -m tests.e2e.deviceplugin --render render.yaml --node node1 --gpus 4 [--model Tesla-T4]
         [--config time-slicing] [--mig-config all-1g.10gb] --plugin-dir <kubelet root>/device-plugins
-        [--health-file health.json] [--no-device-specs] [--gpu-seed SEED]
+        [--no-device-specs] [--gpu-seed SEED]
 
-render.yaml is `helm template` output of the release the node belongs to. --health-file: a JSON file
-{"unhealthy": [device IDs]} the plugin polls (server.write_health writes it). --no-device-specs leaves out
+render.yaml is `helm template` output of the release the node belongs to. --no-device-specs leaves out
 the /dev/nvidia* device nodes a passDeviceSpecs config would hand over (a node without them cannot start
 the container). --gpu-seed: made-up GPU UUIDs from this seed instead of the node name (GPUs the kubelet has
 not seen before; its old ones may still be held by pods it is cleaning up). Prints one JSON line with the
@@ -38,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None)
     parser.add_argument("--mig-config", default=None)
     parser.add_argument("--plugin-dir", type=Path, required=True)
-    parser.add_argument("--health-file", type=Path, default=None)
     parser.add_argument("--no-device-specs", action="store_true")
     parser.add_argument("--gpu-seed", default=None)
     args = parser.parse_args(argv)
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    with StandInPlugin(plugin, args.plugin_dir, args.health_file):
+    with StandInPlugin(plugin, args.plugin_dir):
         print(json.dumps({r.name: [d.id for d in r.devices] for r in plugin.resources}), flush=True)
         done.wait()
     return 0

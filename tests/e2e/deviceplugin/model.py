@@ -28,10 +28,9 @@ numbers. Upstream facts, all at v0.20.0:
 - GetPreferredAllocation (internal/rm/allocate.go greedyAlloc, distributed policy): replicas from the GPU
   with the fewest allocated replicas first. Full GPUs: upstream picks an NVLink-aligned set
   (nvml_manager.go, go-gpuallocator); with no topology to align here, the lowest IDs.
-- Health (internal/rm/health.go checkHealth, server.go ListAndWatch): a critical XID marks the device that
-  parentToDeviceMap holds for the GPU's UUID (one device per GPU: for a shared GPU a single replica, the one
-  iterated last) Unhealthy, and nothing ever marks it Healthy again ("FIXME: there is no way to recover from
-  the Unhealthy state"). The stand-in can mark any device either way, to test what the kubelet does.
+- Health: every device Healthy. Devices turning Unhealthy are the real plugin's own, on NVIDIA's mock NVML with
+  a GPU failing (tests/deviceplugin/test_real_plugin_health.py); the stand-in is left for MIG devices, which
+  the mock cannot create.
 
 Not modelled: MIG capability device nodes (/dev/nvidia-caps/*: their minors come from the driver; the MIG
 device's parent GPU node is passed), IMEX channels, GDS/MOFED/GDRCopy flags, topology (NUMA) hints.
@@ -57,7 +56,6 @@ from gpu_stack_dev.e2e.fleet import (
 from gpu_stack_dev.e2e.fleet_plan import _sharing_of
 
 HEALTHY = "Healthy"  # k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 constants.go
-UNHEALTHY = "Unhealthy"
 API_VERSION = "v1beta1"
 DEVICE_LIST_ENV = "NVIDIA_VISIBLE_DEVICES"  # server.go deviceListEnvVar
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"  # server.go deviceListAsVolumeMountsHostPath
@@ -222,17 +220,6 @@ class NodePlugin:
             picked[base] = picked.get(base, 0) + 1
             left[base] -= 1
             out.append(choice)
-        return out
-
-    def xid_victim(self, gpu_uuid: str) -> list[tuple[str, str]]:
-        """(resource, device ID) that the NVIDIA plugin marks Unhealthy on a critical XID of this GPU:
-        per resource, the one device its health check keeps for the GPU's UUID (health.go
-        parentToDeviceMap; Go map order, here the last one)."""
-        out = []
-        for res in self.resources:
-            mine = [d for d in res.devices if d.gpu_uuid == gpu_uuid]
-            if mine:
-                out.append((res.name, mine[-1].id))
         return out
 
     def gpu_uuids(self) -> list[str]:

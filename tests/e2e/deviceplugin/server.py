@@ -8,14 +8,12 @@ A new kubelet.sock (a restarted kubelet, which also removes the plugins' sockets
 register again, as upstream's cmd/nvidia-device-plugin/main.go does on the socket's fsnotify Create event
 (here: a poll of the socket's inode).
 
-Health is driven from outside: `set_health` in-process, or a JSON file (`health_file`: {"unhealthy":
-[device IDs]}) that the plugin polls, so a test in another process can mark a device Unhealthy and back.
-Every change is sent on the open ListAndWatch streams, as upstream sends the whole device list again.
+Every device is Healthy: a device turning Unhealthy is the real plugin's, on NVIDIA's mock NVML with a GPU
+failing (tests/deviceplugin/test_real_plugin_health.py, tests/e2e/node/test_agents_health.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -28,10 +26,9 @@ from typing import Any
 import grpc
 
 from . import stubs
-from .model import API_VERSION, HEALTHY, UNHEALTHY, AllocateError, ContainerAllocation, NodePlugin
+from .model import API_VERSION, HEALTHY, AllocateError, ContainerAllocation, NodePlugin
 
 KUBELET_SOCKET = "kubelet.sock"  # deviceplugin/v1beta1 constants.go KubeletSocket (in DevicePluginPath)
-HEALTH_POLL_SECONDS = 0.2
 KUBELET_POLL_SECONDS = 0.5
 
 
@@ -39,13 +36,6 @@ KUBELET_POLL_SECONDS = 0.5
 class AllocateCall:
     resource: str
     device_ids: tuple[tuple[str, ...], ...]  # per container
-
-
-def write_health(path: Path, unhealthy: list[str]) -> None:
-    """Set the devices a running stand-in (started with this health_file) reports Unhealthy."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"unhealthy": sorted(unhealthy)}), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class _Servicer:
@@ -59,15 +49,10 @@ class _Servicer:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        seen = -1
-        while not self.owner.stopped.is_set() and context.is_active():
-            with self.owner.changed:
-                if seen == self.owner.version:
-                    self.owner.changed.wait(timeout=0.5)
-                    continue
-                seen = self.owner.version
-                response = self.owner.list_response(self.resource)
-            yield response
+        """The device list once, then the stream stays open until the plugin stops (nothing changes)."""
+        yield self.owner.list_response(self.resource)
+        while not self.owner.stopped.wait(0.5) and context.is_active():
+            pass
 
     def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:
         pb, _ = stubs.load()
@@ -113,57 +98,22 @@ def _response(pb: Any, answer: ContainerAllocation) -> Any:
 class StandInPlugin:
     """Serves every resource of `plugin` in `plugin_dir` and registers them with the kubelet there."""
 
-    def __init__(self, plugin: NodePlugin, plugin_dir: Path, health_file: Path | None = None) -> None:
-        self.plugin, self.plugin_dir, self.health_file = plugin, Path(plugin_dir), health_file
-        self.unhealthy: set[tuple[str, str]] = set()
-        self.version = 0
-        self.changed = threading.Condition()
+    def __init__(self, plugin: NodePlugin, plugin_dir: Path) -> None:
+        self.plugin, self.plugin_dir = plugin, Path(plugin_dir)
+        self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.calls: list[AllocateCall] = []
         self._servers: list[grpc.Server] = []
-        self._poller: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
-
-    # -- health --------------------------------------------------------------------------------------
-    def set_health(self, resource: str, device_id: str, healthy: bool) -> None:
-        self.plugin.resource(resource).device(device_id)  # unknown IDs are an error, not a no-op
-        with self.changed:
-            before = set(self.unhealthy)
-            (self.unhealthy.discard if healthy else self.unhealthy.add)((resource, device_id))
-            if self.unhealthy != before:
-                self.version += 1
-                self.changed.notify_all()
-
-    def xid(self, gpu_uuid: str) -> list[tuple[str, str]]:
-        """What a critical XID on this GPU makes the NVIDIA plugin mark Unhealthy (model.xid_victim)."""
-        victims = self.plugin.xid_victim(gpu_uuid)
-        for resource, device_id in victims:
-            self.set_health(resource, device_id, healthy=False)
-        return victims
 
     def list_response(self, resource: str) -> Any:
         pb, _ = stubs.load()
         return pb.ListAndWatchResponse(devices=[
-            pb.Device(ID=d.id, health=UNHEALTHY if (resource, d.id) in self.unhealthy else HEALTHY)
+            pb.Device(ID=d.id, health=HEALTHY)
             for d in self.plugin.resource(resource).devices])
 
-    def _poll_health_file(self) -> None:
-        assert self.health_file is not None
-        last: object = None
-        while not self.stopped.wait(HEALTH_POLL_SECONDS):
-            try:
-                wanted = set(json.loads(self.health_file.read_text(encoding="utf-8"))["unhealthy"])
-            except (OSError, ValueError, KeyError):
-                continue
-            if wanted == last:
-                continue
-            last = wanted
-            for res in self.plugin.resources:
-                for d in res.devices:
-                    self.set_health(res.name, d.id, healthy=d.id not in wanted)
-
     def record(self, call: AllocateCall) -> None:
-        with self.changed:
+        with self.lock:
             self.calls.append(call)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -172,9 +122,6 @@ class StandInPlugin:
 
     def serve(self) -> None:
         self._serve_resources()
-        if self.health_file is not None:
-            self._poller = threading.Thread(target=self._poll_health_file, name="health-file", daemon=True)
-            self._poller.start()
 
     def _serve_resources(self) -> None:
         _, grpc_mod = stubs.load()
@@ -235,8 +182,6 @@ class StandInPlugin:
 
     def stop(self) -> None:
         self.stopped.set()
-        with self.changed:
-            self.changed.notify_all()
         for server in self._servers:
             server.stop(grace=1).wait()
         for res in self.plugin.resources:

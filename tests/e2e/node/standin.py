@@ -18,7 +18,6 @@ from gpu_stack_dev.chartlib import render
 from gpu_stack_dev.e2e.fleet import ChartSharing, NodeSpec, plan
 
 from tests.e2e.deviceplugin.model import VOLUME_MOUNTS_ROOT, NodePlugin, mps_root_of, node_plugin
-from tests.e2e.deviceplugin.server import write_health
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # The container prints what the NVIDIA runtime would read: the variable and the device-list mounts.
@@ -37,11 +36,11 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
 
 
 class StandIn:
-    """The stand-in plugin process for one overlay on the node, its health file, and its device IDs."""
+    """The stand-in plugin process for one overlay on the node, and its device IDs."""
 
     def __init__(self, node: Any, tmp: Path, overlay: str, model: str, gpus: int) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
-        self.node, self.health = node, tmp / "health.json"
+        self.node = node
         rendered = render(4, overlay)
         objects = rendered.objects()
         self.sharing = ChartSharing.from_objects(objects)
@@ -50,13 +49,12 @@ class StandIn:
         seed = uuid.uuid4().hex
         self.plugin: NodePlugin = node_plugin(self.spec, self.sharing, mps_root=mps_root_of(objects), gpu_seed=seed)
         (tmp / "render.yaml").write_text(rendered.stdout, encoding="utf-8")
-        write_health(self.health, [])
         plugin_dir = getattr(node, "device_plugin_dir", DEVICE_PLUGIN_DIR)
         # No device specs: the node has no /dev/nvidia* for containerd to pass.
         self.proc: subprocess.Popen[Any] = node.run_in_netns([
             sys.executable, "-m", "tests.e2e.deviceplugin", "--render", str(tmp / "render.yaml"),
             "--node", node.node_name, "--gpus", str(gpus), "--model", model, "--plugin-dir", str(plugin_dir),
-            "--health-file", str(self.health), "--no-device-specs", "--gpu-seed", seed])
+            "--no-device-specs", "--gpu-seed", seed])
 
     def promised(self) -> dict[str, str]:
         return {k: v for k, v in plan(self.spec, self.sharing).resources.items() if k.startswith("nvidia.com/")}

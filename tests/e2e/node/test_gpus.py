@@ -1,8 +1,9 @@
 """What the real device plugin cannot show on the mock NVML, shown on a real kubelet with the stand-in device plugin
 (tests/e2e/deviceplugin) registered with the node's device manager, pods run by containerd under gVisor: MIG
-resources (the mock creates no MIG devices) and a device turning Unhealthy (the mock raises no XID events). The
-stand-in's answers are the real plugin's wherever both can answer (tests/deviceplugin/test_plugin_contract.py);
-the rest of what a GPU node does is shown with the real agents (test_agents_*.py).
+resources (the mock creates no MIG devices). A device turning Unhealthy is the real plugin's on the mock
+(test_agents_health.py). The stand-in's answers are the real plugin's wherever both can answer
+(tests/deviceplugin/test_plugin_contract.py); the rest of what a GPU node does is shown with the real agents
+(test_agents_*.py).
 
 Uses the `real_node` fixture (tests/e2e/node/conftest.py;
 each test skips without it) through `.kubectl(*args)`, `.kubelet_root`, `.node_name` and
@@ -27,8 +28,6 @@ from typing import Any
 
 import pytest
 from gpu_stack_dev.e2e.e2elib import unique
-
-from tests.e2e.deviceplugin.server import write_health
 
 from .standin import StandIn, apply_pod, gpu_resources, scratch_namespace, wait_for
 
@@ -95,15 +94,3 @@ def test_an_unknown_runtime_class_handler_leaves_the_pod_in_container_creating(n
         assert pod["status"]["phase"] == "Pending" and pod["spec"]["nodeName"] == node.node_name
     finally:
         node.kubectl("delete", "runtimeclass", handler, "--wait=false")
-
-
-def test_an_unhealthy_device_drops_allocatable_until_it_is_healthy_again(
-        node: Any, standin: Callable[..., StandIn]) -> None:
-    plugin = standin("default", "Tesla-T4", 2)
-    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({"nvidia.com/gpu": "2"},) * 2, "2 GPUs")
-    (resource, victim), = plugin.plugin.xid_victim(plugin.plugin.gpu_uuids()[1])
-    write_health(plugin.health, [victim])
-    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({resource: "2"}, {resource: "1"}),
-          "allocatable 1 of capacity 2")
-    write_health(plugin.health, [])
-    wait_for(lambda: gpu_resources(node, plugin.promised()) == ({resource: "2"},) * 2, "allocatable back to 2")

@@ -8,6 +8,7 @@ unpack.sh). The layout is the one k8s-test-infra's nvml-mock DaemonSet builds on
     <root>/usr/bin/nvidia-cuda-mps-control                        a stand-in script (proprietary too)
     <root>/dev/nvidia0..N-1, nvidiactl, nvidia-uvm(-tools)        device nodes (major 195 / 510), never opened
     <root>/proc/driver/nvidia/version
+    <root>/config/overrides.yaml                                 failures injected into devices (inject_failure)
 
 The node's `nvidia` runtime handler (hack/node/nvidia-runtime-standin) injects the library, nvidia-smi and the
 profile into containers given GPUs, as the mock's CDI spec makes the NVIDIA runtime do. Chart values point the
@@ -16,6 +17,8 @@ agents at the rest, as a user of such a node would set them (`values(root)`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -127,6 +130,7 @@ def lay_out(root: Path, profile: str, gpus: int | None = None) -> MockGpus:
         (lib / link).symlink_to(target)
     (root / "config").mkdir(parents=True, exist_ok=True)
     (root / "config" / "config.yaml").write_text(trimmed_profile(profile, gpus))
+    clear_failures(root)
     (root / "proc" / "modules").unlink(missing_ok=True)
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True, exist_ok=True)
@@ -164,3 +168,63 @@ def values(root: Path) -> dict[str, object]:
     stat's on the host: the mock's nodes live under its driver root, as with nvml-mock)."""
     return {"gpuNodes.driverRoot": str(root),
             "devicePlugin.extraEnv": [{"name": "NVIDIA_DEV_ROOT", "value": str(root)}]}
+
+
+# Failure injection (k8s-test-infra 3b2b865d, pkg/gpu/mocknvml/engine): the mock reads overrides.yaml beside the
+# profile it loaded (config.go ConfigOverridePathFor; MOCK_NVML_OVERRIDES is not set here), a document
+# `{devices: {"<index>": <device config patch>}}` (config_override_merge.go ConfigOverrideDoc). A `failure:` block
+# (config_types.go FailureInjectionConfig) trips the device on its first guarded NVML call (device.go tickFailure:
+# GetMemoryInfo, GetTemperature, ...) when neither `after_calls` nor `probability` is set; the trip is per process
+# and lasts until the process's last nvmlShutdown (engine.go Init builds the devices afresh). Its
+# `xid` is then delivered once through nvmlEventSetWait as NVML_EVENT_TYPE_XID_CRITICAL_ERROR
+# (bridge/events.go), which is what the device plugin's health check waits on; only a process that makes guarded
+# calls in the session it waits in gets it, which the device plugin does not: see hack/node/mock-nvml-clock.c,
+# preloaded into it (clock_library). `ecc_uncorrectable` keeps the
+# device addressable (only its ECC counters and the Xid show the failure), as the mock's failure-injection demo
+# pairs it with Xid 79 (docs/demo/failure-injection); `lost`/`fallen_off_bus` make every call on it return
+# ERROR_GPU_IS_LOST (the device plugin reads each GPU's memory when it builds its devices).
+FAILURE_MODE = "ecc_uncorrectable"
+CLOCK_SOURCE = ROOT / "hack" / "node" / "mock-nvml-clock.c"
+CLOCK = "libmock-nvml-clock.so"
+# where the node's `nvidia` handler binds <root>/config in containers given GPUs (hack/node/nvidia-runtime-standin)
+CONTAINER_CONFIG_DIR = "/etc/nvml-mock"
+
+
+def overrides_path(root: Path) -> Path:
+    return root / "config" / "overrides.yaml"
+
+
+def inject_failure(root: Path, index: int, xid: int = 79, mode: str = FAILURE_MODE) -> Path:
+    """Give the mock GPU at `index` of the driver root at `root` a failure with Xid `xid` (other devices'
+    failures kept); every process that loads the mock from then on sees the device fail."""
+    path = overrides_path(root)
+    doc = json.loads(path.read_text()) if path.is_file() else {"devices": {}}
+    doc["devices"][str(index)] = {"failure": {"mode": mode, "xid": {"code": xid}}}
+    path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML: the mock parses it with sigs.k8s.io/yaml
+    return path
+
+
+def clear_failures(root: Path) -> None:
+    """The GPUs repaired (or replaced): no device of the driver root at `root` fails from then on."""
+    overrides_path(root).unlink(missing_ok=True)
+
+
+def clock_library(root: Path) -> Path:
+    """hack/node/mock-nvml-clock.c built (with the machine's C compiler, once per source) into <root>/config, where
+    a container given GPUs finds it at CONTAINER_CONFIG_DIR: preloaded (LD_PRELOAD) into a process that waits
+    for NVML events, it makes the mock deliver an injected failure's Xid to it (the file says why)."""
+    source = CLOCK_SOURCE.read_bytes()
+    built = ROOT / ".tools" / "mock-nvml-clock" / f"{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if not built.is_file():
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise FileNotFoundError("no C compiler (cc) to build hack/node/mock-nvml-clock.c (Debian: gcc)")
+        built.parent.mkdir(parents=True, exist_ok=True)
+        partial = built.with_suffix(".tmp")
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(partial), str(CLOCK_SOURCE)],
+                       check=True, capture_output=True)
+        partial.replace(built)
+    target = root / "config" / CLOCK
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, target)
+    return target
