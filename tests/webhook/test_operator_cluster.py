@@ -327,9 +327,9 @@ def test_the_validators_pod_with_forged_owners_is_refused() -> None:
     # owned by a DaemonSet, even one the ClusterPolicy controls: not what the validator copies
     for owner in (ds, operand_daemonset(owner="someone-else")):
         by_daemonset = cuda_validation_pod(ds)
-        by_daemonset["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True,
-                                                        "name": owner["metadata"]["name"],
-                                                        "uid": owner["metadata"]["uid"]}]
+        by_daemonset["metadata"]["ownerReferences"] = [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True, "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"]}]
         assert not judge(config, by_daemonset, username=VALIDATOR_SA, namespace=OPERATOR_NS, facts=facts).allowed
     # the validator's DaemonSet not controlled by the ClusterPolicy: nothing to copy from
     rogue = validator_daemonset(owner_uid="other-policy")
@@ -358,14 +358,17 @@ def test_a_users_daemonset_claiming_the_cluster_policy_is_refused_even_when_harm
     assert denied.message == (
         "gpu-stack: DaemonSet nvidia-gpu/nvidia-device-plugin-daemonset passes as the GPU Operator's (its controller "
         "is ClusterPolicy cluster-policy); only the GPU Operator's ServiceAccount "
-        "system:serviceaccount:nvidia-gpu:gpu-operator may create it, not kubernetes-admin "
+        "system:serviceaccount:nvidia-gpu:gpu-operator, in namespace nvidia-gpu, may create it, not kubernetes-admin "
         "(docs/gpu-operator.md, \"The operator's own pods\")")
     # a forged uid claims it all the same; a privileged copy is named for its violations too
     forged = operand_daemonset(owner_uid="forged")
     denied = judge(config, forged, username=USER, namespace=OPERATOR_NS)
     assert rules_of(denied) >= {"GPU003"} and "may create it" in denied.message
-    # outside the operator's namespace nothing passes as the operator's: judged as any workload
-    assert judge(config, harmless, username=USER, namespace="gpu-demo").allowed
+    assert "; and judged as any user's: " in denied.message and "GPU policy violations: [1] " in denied.message
+    # the operator writes only in its namespace: anywhere else, refused from anyone
+    for username in (USER, OPERATOR_SA):
+        elsewhere = judge(config, harmless, username=username, namespace="gpu-demo")
+        assert not elsewhere.allowed and "in namespace nvidia-gpu, may create it" in elsewhere.message
 
 
 def test_an_editor_changing_an_operator_daemonsets_template_is_refused() -> None:
@@ -397,7 +400,8 @@ def test_a_users_pod_claiming_an_operator_daemonset_is_refused() -> None:
     harmless["spec"] = make_pod([container("main")])["spec"]
     denied = judge(config, harmless, username=USER, namespace=OPERATOR_NS, facts=facts)
     assert not denied.allowed and "its controller is DaemonSet nvidia-device-plugin-daemonset, which ClusterPolicy " \
-        "cluster-policy controls); only the DaemonSet controller and the GPU Operator's validator may create it" \
+        "cluster-policy controls); only the DaemonSet controller and the GPU Operator's validator, in namespace " \
+        "nvidia-gpu, may create it" \
         in denied.message
     # a running operand pod's image swapped in place
     running = operand_pod(ds)

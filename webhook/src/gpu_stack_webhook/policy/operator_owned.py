@@ -20,10 +20,10 @@ refuse in a user's pod. An object is the operator's when it is in the operator's
 Who sent the request comes from the API server (`userInfo`), so no pod spec can claim it; a user's pod in the
 operator's namespace is judged like any other.
 
-Borrowing (`borrowed`): an object of the operator's namespace that names the ClusterPolicy as its controller
-(whatever uid), or a Pod whose controller is a DaemonSet the ClusterPolicy controls, is written only by who
-writes it above. Anyone else may change its metadata (labels, annotations, finalizers; the garbage collector
-dropping its owner) and nothing more: a create, a change of its `spec`, or a change that makes the
+Borrowing (`borrowed`): an object that names the ClusterPolicy as its controller (whatever uid, in any
+namespace: the operator writes only in its own), or a Pod of the operator's namespace whose controller is a
+DaemonSet the ClusterPolicy controls, is written only by who writes it above. Anyone else may change its
+metadata (labels, annotations, finalizers; the garbage collector dropping its owner) and nothing more: a create, a change of its `spec`, or a change that makes the
 ClusterPolicy its controller is refused, so the pods that pass as the operator's only ever come from a spec the
 operator wrote. Names of field managers (`managedFields`) are not used: a client chooses its own
 (`?fieldManager=`), so they prove nothing. Pure: the DaemonSets come through `ClusterFacts`.
@@ -64,7 +64,7 @@ def _names_cluster_policy(ref: Mapping[str, Any] | None, operator: GpuOperatorId
 
 def _is_cluster_policy(ref: Mapping[str, Any] | None, operator: GpuOperatorIdentity) -> bool:
     uid = operator.cluster_policy_uid
-    return _names_cluster_policy(ref, operator) and (not uid or ref is not None and ref.get("uid") == uid)
+    return _names_cluster_policy(ref, operator) and (not uid or (ref is not None and ref.get("uid") == uid))
 
 
 def _refs(metadata: Any) -> list[tuple[Any, ...]] | None:
@@ -135,7 +135,7 @@ def _claim(operator: GpuOperatorIdentity, kind: str, namespace: str, obj: Mappin
     controller = controller_of(obj.get("metadata"))
     if _names_cluster_policy(controller, operator):
         return f"its controller is ClusterPolicy {operator.cluster_policy}"
-    if kind == "Pod":
+    if kind == "Pod" and namespace == operator.namespace:
         name = _daemonset_pod_of(operator, namespace, controller, facts)
         if name:
             return f"its controller is DaemonSet {name}, which ClusterPolicy {operator.cluster_policy} controls"
@@ -144,10 +144,10 @@ def _claim(operator: GpuOperatorIdentity, kind: str, namespace: str, obj: Mappin
 
 def borrowed(operator: GpuOperatorIdentity | None, username: str, operation: str, kind: str, namespace: str, *,
              obj: Mapping[str, Any], old: Mapping[str, Any] | None, facts: ClusterFacts) -> str:
-    """Why this write, by someone who is not the writer `operator_owned` knows, is refused ("" when it is not):
+    """Why this write, by someone who is not a writer `operator_owned` knows, is refused ("" when it is not):
     it would create, re-specify or newly claim an object that passes as the GPU Operator's (module docstring).
     Call it only when `operator_owned` said "" for the same request."""
-    if operator is None or namespace != operator.namespace:
+    if operator is None:
         return ""
     claim = _claim(operator, kind, namespace, obj, facts)
     old_claim = _claim(operator, kind, namespace, old, facts) if operation == "UPDATE" else ""
@@ -164,7 +164,7 @@ def borrowed(operator: GpuOperatorIdentity | None, username: str, operation: str
     writers = (f"the GPU Operator's ServiceAccount {_sa(operator.namespace, operator.service_account)}"
                if kind != "Pod" else "the DaemonSet controller and the GPU Operator's validator")
     return (f"{kind} {namespace}/{_name(obj, old)} passes as the GPU Operator's ({claim or old_claim}); only "
-            f"{writers} may {change}, not {username or 'an anonymous user'} "
+            f"{writers}, in namespace {operator.namespace}, may {change}, not {username or 'an anonymous user'} "
             f"(docs/gpu-operator.md, \"The operator's own pods\")")
 
 
