@@ -24,8 +24,8 @@ Borrowing (`borrowed`): an object that names the ClusterPolicy as its controller
 namespace: the operator writes only in its own), or a Pod of the operator's namespace whose controller is a
 DaemonSet the ClusterPolicy controls, is written only by who writes it above. Anyone else may change its
 metadata (labels, annotations, finalizers; the garbage collector dropping its owner) and nothing more: a
-create, a change of its `spec`, or a change that makes the ClusterPolicy its controller is refused, so the pods that pass as the operator's only ever come from a spec the
-operator wrote. Names of field managers (`managedFields`) are not used: a client chooses its own
+create, a change of its `spec`, or a change that makes the ClusterPolicy its controller is refused, so the
+pods that pass as the operator's only ever come from a spec the operator wrote. Names of field managers (`managedFields`) are not used: a client chooses its own
 (`?fieldManager=`), so they prove nothing. Pure: the DaemonSets come through `ClusterFacts`.
 """
 
