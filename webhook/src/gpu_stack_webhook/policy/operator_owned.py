@@ -20,13 +20,13 @@ refuse in a user's pod. An object is the operator's when it is in the operator's
 Who sent the request comes from the API server (`userInfo`), so no pod spec can claim it; a user's pod in the
 operator's namespace is judged like any other.
 
-Borrowing (`borrowed`): an object that names the ClusterPolicy as its controller (whatever uid, in any
-namespace: the operator writes only in its own), or a Pod of the operator's namespace whose controller is a
-DaemonSet the ClusterPolicy controls, is written only by who writes it above. Anyone else may change its
-metadata (labels, annotations, finalizers; the garbage collector dropping its owner) and nothing more: a
-create, a change of its `spec`, or a change that makes the ClusterPolicy its controller is refused, so the
-pods that pass as the operator's only ever come from a spec the operator wrote. Names of field managers (`managedFields`) are not used: a client chooses its own
-(`?fieldManager=`), so they prove nothing. Pure: the DaemonSets come through `ClusterFacts`.
+Borrowing (`borrowed`): an object that names the ClusterPolicy as its controller (whatever uid, in any namespace:
+the operator writes only in its own), or a Pod of the operator's namespace whose controller is a DaemonSet the
+ClusterPolicy controls, is written only by who writes it above. Anyone else may change its metadata (labels,
+annotations, finalizers; the garbage collector dropping its owner) and nothing more: a create, a change of its
+`spec`, or a change that makes the ClusterPolicy its controller is refused, so the pods that pass as the operator's
+only ever come from a spec the operator wrote. Names of field managers (`managedFields`) are not used: a client
+chooses its own (`?fieldManager=`), so they prove nothing. Pure: the DaemonSets come through `ClusterFacts`.
 """
 
 from __future__ import annotations
