@@ -14,7 +14,7 @@ refuse in a user's pod. An object is the operator's when it is in the operator's
 - a Pod the validator's ServiceAccount (`nvidia-operator-validator`, assets/state-operator-validation) sends
   whose owner references are those of the live DaemonSet `nvidia-operator-validator`, which the ClusterPolicy
   controls: the validator builds its CUDA and device-plugin workload pods itself (cmd/nvidia-validator/main.go
-  at v26.7.0, CUDA.runWorkload and Plugin.runWorkload: lines 1559-1604 and 1299-1340) and copies that
+  at v26.7.0, CUDA.runWorkload and Plugin.runWorkload: lines 1564-1626 and 1300-1373) and copies that
   DaemonSet's owner references onto them (`pod.SetOwnerReferences(validatorDaemonset.OwnerReferences)`,
   main.go:1600 and :1336), so their controller is the ClusterPolicy itself.
 Who sent the request comes from the API server (`userInfo`), so no pod spec can claim it; a user's pod in the
