@@ -196,7 +196,8 @@ def validators_pods_are_its_own(stack: Stack, runtime_class: str | None) -> None
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "ClusterPolicy"
         assert stack.verdict(pod, ns, as_user=validator_sa(stack)) == "allowed", (component, stack.last_refusal)
         for as_user, namespace in (("", ns), ("", stack.users), (stack.editor, ns), (DS_CONTROLLER, ns)):
-            verdict = stack.verdict(pod, namespace, as_user=as_user)
+            copied = {**pod, "metadata": {**pod["metadata"], "namespace": namespace}}
+            verdict = stack.verdict(copied, namespace, as_user=as_user)
             assert verdict.startswith("denied"), (component, as_user, namespace, verdict)
             assert BORROWED in stack.last_refusal, (component, as_user, namespace, stack.last_refusal)
     log = stack.webhook.log()
