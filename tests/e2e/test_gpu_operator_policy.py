@@ -53,6 +53,8 @@ class Stack:
         self.cluster.kubectl("create", "rolebinding", "editor", "-n", operator.namespace, "--clusterrole=edit",
                              f"--serviceaccount={operator.namespace}:editor")
         self.editor = f"system:serviceaccount:{operator.namespace}:editor"
+        # A user's copy of the validator's pods names its ServiceAccount: one of that name in the user's namespace.
+        self.cluster.kubectl("create", "serviceaccount", "nvidia-operator-validator", "-n", self.users)
         for name, handler in operator_cases.ADMIN_RUNTIME_CLASSES.items():
             runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
                              "handler": handler}
@@ -237,12 +239,15 @@ def test_the_validators_pods_with_forged_owners_are_refused(stack: Stack) -> Non
 
 
 def test_the_operators_objects_cannot_be_borrowed(stack: Stack) -> None:
-    """A harmless DaemonSet or pod that claims the ClusterPolicy or an operator DaemonSet is refused; a namespace
-    editor's change of an operand DaemonSet's template is refused (its labels are not), so the pods the DaemonSet
-    controller creates stay those of the operator's template."""
+    """A DaemonSet or pod the rules would admit (one GPU, `one-gpu` in the docs' table) that claims the
+    ClusterPolicy or an operator DaemonSet is refused; a namespace editor's change of an operand DaemonSet's
+    template is refused (its labels are not), so the pods the DaemonSet controller creates stay those of the
+    operator's template."""
     operator, ns = stack.operator, stack.operator.namespace
     plugin = operator.daemonsets()["nvidia-device-plugin-daemonset"]
-    harmless = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+    one_gpu = next(c for c in operator_cases.CASES if c.name == "one-gpu").pod()
+    harmless = one_gpu["spec"]
+    assert stack.verdict(one_gpu, ns, as_user=stack.editor) == "allowed"  # the same, claiming nothing
     forged_ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {
         "name": "forged", "ownerReferences": plugin["metadata"]["ownerReferences"]}, "spec": {
         "selector": {"matchLabels": {"app": "forged"}},
