@@ -97,7 +97,8 @@ def test_validation_both_keeps_the_webhook_that_follows_the_cluster() -> None:
     for policy in policies:
         assert policy["spec"]["matchConditions"] == [{"name": "not-the-gpu-operators-own", "expression": (
             '!(request.namespace == "nvidia" && request.userInfo.username in ['
-            '"system:serviceaccount:nvidia:gpu-operator", "system:serviceaccount:kube-system:daemon-set-controller", '
+            '"system:serviceaccount:nvidia:gpu-operator", "system:serviceaccount:nvidia:nvidia-operator-validator", '
+            '"system:serviceaccount:kube-system:daemon-set-controller", '
             '"system:kube-controller-manager"])')}]
 
 

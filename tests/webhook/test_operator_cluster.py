@@ -271,6 +271,149 @@ def test_who_the_operator_is_is_known_before_its_cluster_policy() -> None:
         "cluster_policy_uid": POLICY_UID}
 
 
+# --- the validator's own workload pods (gpu-operator v26.7.0 cmd/nvidia-validator/main.go runWorkload) ---------
+
+VALIDATOR_SA = f"system:serviceaccount:{OPERATOR_NS}:nvidia-operator-validator"
+VALIDATOR_DS_UID = "7e2a-validator-ds"
+
+
+def validator_daemonset(owner_uid: str = POLICY_UID) -> dict[str, Any]:
+    ds = operand_daemonset(owner_uid=owner_uid)
+    ds["metadata"]["name"], ds["metadata"]["uid"] = "nvidia-operator-validator", VALIDATOR_DS_UID
+    return ds
+
+
+def cuda_validation_pod(ds: dict[str, Any], runtime_class: str | None = "nvidia") -> dict[str, Any]:
+    """validator/manifests/cuda-workload-validation.yaml as CUDA.runWorkload fills it: the DaemonSet's owner
+    references (main.go:1600), its namespace, the node, and the runtime class of VALIDATOR_RUNTIME_CLASS."""
+    spec_fields = {"runtimeClassName": runtime_class} if runtime_class else {}
+    pod = make_pod([container("nvidia-cuda-validator", privileged=True)],
+                   init=[container("cuda-validation", privileged=True, env=[VISIBLE])], namespace=OPERATOR_NS,
+                   annotations={"nvidia.cdi.k8s.io/container.cuda-validation": "management.nvidia.com/gpu=all"},
+                   nodeName="gpu-node-1", **spec_fields)
+    pod["metadata"]["generateName"] = "nvidia-cuda-validator-"
+    pod["metadata"]["ownerReferences"] = copy.deepcopy(ds["metadata"]["ownerReferences"])
+    return pod
+
+
+@pytest.mark.parametrize("nri", [False, True])
+def test_the_validators_workload_pod_is_admitted_for_who_sends_it_and_what_owns_it(nri: bool) -> None:
+    config = operator_config(lambda o: o["spec"]["cdi"].update({"nriPluginEnabled": nri}))
+    ds = validator_daemonset()
+    facts = operator_facts(ds)
+    pod = cuda_validation_pod(ds, None if nri else "nvidia")
+    sent = judge(config, pod, username=VALIDATOR_SA, namespace=OPERATOR_NS, facts=facts)
+    assert sent.allowed and sent.skipped == (
+        "the GPU Operator's own: a validation pod of the GPU Operator's validator, owned as DaemonSet "
+        "nvidia-operator-validator is, which ClusterPolicy cluster-policy controls")
+    # the same pod from anyone else, in the operator's namespace or any other, is judged (and refused)
+    for username, namespace in ((USER, OPERATOR_NS), (OPERATOR_SA, OPERATOR_NS), (DS_CONTROLLER, OPERATOR_NS),
+                                (VALIDATOR_SA, "gpu-demo"), (USER, "gpu-demo")):
+        copied = judge(config, pod, username=username, namespace=namespace, facts=facts)
+        # NRI mode: no runtime class, so the management annotation is what reaches a GPU (GPU007)
+        assert not copied.allowed and rules_of(copied) >= ({"GPU007"} if nri else {"GPU002", "GPU003"}), \
+            (username, namespace)
+
+
+def test_the_validators_pod_with_forged_owners_is_refused() -> None:
+    config = operator_config()
+    ds = validator_daemonset()
+    facts = operator_facts(ds)
+    wrong_uid = cuda_validation_pod(ds)
+    wrong_uid["metadata"]["ownerReferences"][0]["uid"] = "forged"
+    denied = judge(config, wrong_uid, username=VALIDATOR_SA, namespace=OPERATOR_NS, facts=facts)
+    assert not denied.allowed and "passes as the GPU Operator's (its controller is ClusterPolicy cluster-policy)" \
+        in denied.message
+    # owned by a DaemonSet, even one the ClusterPolicy controls: not what the validator copies
+    for owner in (ds, operand_daemonset(owner="someone-else")):
+        by_daemonset = cuda_validation_pod(ds)
+        by_daemonset["metadata"]["ownerReferences"] = [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True, "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"]}]
+        assert not judge(config, by_daemonset, username=VALIDATOR_SA, namespace=OPERATOR_NS, facts=facts).allowed
+    # the validator's DaemonSet not controlled by the ClusterPolicy: nothing to copy from
+    rogue = validator_daemonset(owner_uid="other-policy")
+    assert not judge(config, cuda_validation_pod(rogue), username=VALIDATOR_SA, namespace=OPERATOR_NS,
+                     facts=operator_facts(rogue)).allowed
+    # without a lookup: cannot be told apart, judged
+    assert not judge(config, cuda_validation_pod(ds), username=VALIDATOR_SA, namespace=OPERATOR_NS).allowed
+
+
+# --- the operator's objects cannot be borrowed ------------------------------------------------------------
+
+
+def update(config: PolicyConfig, old: dict[str, Any], new: dict[str, Any], *, username: str,
+           facts: ClusterFacts = OFFLINE) -> Decision:
+    body = review(new, namespace=OPERATOR_NS, operation="UPDATE", old=old)
+    body["request"]["userInfo"] = {"username": username}
+    return decide.review(Policy(config, facts=facts), parse_review(body), Endpoint.VALIDATE)
+
+
+def test_a_users_daemonset_claiming_the_cluster_policy_is_refused_even_when_harmless() -> None:
+    config = operator_config()
+    harmless = operand_daemonset()
+    harmless["spec"]["template"]["spec"] = make_pod([container("main")])["spec"]
+    denied = judge(config, harmless, username=USER, namespace=OPERATOR_NS)
+    assert not denied.allowed and denied.denied_by == ()
+    assert denied.message == (
+        "gpu-stack: DaemonSet nvidia-gpu/nvidia-device-plugin-daemonset passes as the GPU Operator's (its controller "
+        "is ClusterPolicy cluster-policy); only the GPU Operator's ServiceAccount "
+        "system:serviceaccount:nvidia-gpu:gpu-operator, in namespace nvidia-gpu, may create it, not kubernetes-admin "
+        "(docs/gpu-operator.md, \"The operator's own pods\")")
+    # a forged uid claims it all the same; a privileged copy is named for its violations too
+    forged = operand_daemonset(owner_uid="forged")
+    denied = judge(config, forged, username=USER, namespace=OPERATOR_NS)
+    assert rules_of(denied) >= {"GPU003"} and "may create it" in denied.message
+    assert "; and judged as any user's: " in denied.message and "GPU policy violations: [1] " in denied.message
+    # the operator writes only in its namespace: anywhere else, refused from anyone
+    for username in (USER, OPERATOR_SA):
+        elsewhere = judge(config, harmless, username=username, namespace="gpu-demo")
+        assert not elsewhere.allowed and "in namespace nvidia-gpu, may create it" in elsewhere.message
+
+
+def test_an_editor_changing_an_operator_daemonsets_template_is_refused() -> None:
+    config = operator_config()
+    ds = operand_daemonset()
+    swapped = copy.deepcopy(ds)
+    swapped["spec"]["template"]["spec"]["containers"][0]["image"] = "attacker/evil:latest"
+    denied = update(config, ds, swapped, username=USER)
+    assert not denied.allowed and "may change its spec, not kubernetes-admin" in denied.message
+    assert rules_of(denied) >= {"GPU003"}  # judged in full: what the old template already had counts
+    assert update(config, ds, swapped, username=OPERATOR_SA).allowed  # the operator reconciling it
+    # metadata only (a label, the garbage collector dropping the owner): judged as any update
+    labelled = copy.deepcopy(ds)
+    labelled["metadata"]["labels"] = {"team": "infra"}
+    assert update(config, ds, labelled, username=USER).allowed
+    orphaned = copy.deepcopy(ds)
+    orphaned["metadata"]["ownerReferences"] = []
+    assert update(config, ds, orphaned, username="system:serviceaccount:kube-system:generic-garbage-collector").allowed
+    # a user's DaemonSet made the operator's by adding the controller reference, spec unchanged
+    denied = update(config, orphaned, ds, username=USER)
+    assert not denied.allowed and "may make the operator its controller" in denied.message
+
+
+def test_a_users_pod_claiming_an_operator_daemonset_is_refused() -> None:
+    config = operator_config()
+    ds = operand_daemonset()
+    facts = operator_facts(ds)
+    harmless = operand_pod(ds)
+    harmless["spec"] = make_pod([container("main")])["spec"]
+    denied = judge(config, harmless, username=USER, namespace=OPERATOR_NS, facts=facts)
+    assert not denied.allowed and "its controller is DaemonSet nvidia-device-plugin-daemonset, which ClusterPolicy " \
+        "cluster-policy controls); only the DaemonSet controller and the GPU Operator's validator, in namespace " \
+        "nvidia-gpu, may create it" \
+        in denied.message
+    # a running operand pod's image swapped in place
+    running = operand_pod(ds)
+    swapped = copy.deepcopy(running)
+    swapped["spec"]["containers"][0]["image"] = "attacker/evil:latest"
+    denied = update(config, running, swapped, username=USER, facts=facts)
+    assert not denied.allowed and "may change its spec" in denied.message
+    labelled = copy.deepcopy(running)
+    labelled["metadata"]["labels"] = {"debug": "yes"}
+    assert update(config, running, labelled, username=USER, facts=facts).allowed
+
+
 # --- envFrom beside the device-plugin chart, whose toolkit honours the variable ----------------------------
 
 

@@ -295,6 +295,41 @@ class GpuOperator:
         return [p for p in self.cluster.get_json("pods", "-n", self.namespace)["items"]
                 if any(o["uid"] == uid for o in p["metadata"].get("ownerReferences", []))]
 
+    def validation_pod(self, component: str, node: str, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+        """The workload pod the validator's `component` (cuda | plugin) init container creates on `node`, from
+        validator/manifests/<component>-workload-validation.yaml in the unpacked assets, filled as
+        cmd/nvidia-validator/main.go at v26.7.0 fills it (CUDA.runWorkload :1564-1626, Plugin.runWorkload
+        :1300-1373): namespace = OPERATOR_NAMESPACE (the DaemonSet's, :1572/:1308); both images =
+        VALIDATOR_IMAGE; pull policy, pull secrets and runtime class from VALIDATOR_IMAGE_PULL_POLICY,
+        VALIDATOR_IMAGE_PULL_SECRETS, VALIDATOR_RUNTIME_CLASS when set (the operator sets them on that init
+        container: controllers/object_controls.go TransformValidatorComponent); ownerReferences and tolerations
+        copied from the live DaemonSet nvidia-operator-validator (:1600/:1602, :1336/:1338); nodeName = NODE_NAME
+        (:1604, :1340); the plugin's init container requests and limits one `resource` (getGPUResourceName, :1342-1352).
+        Its name stays the manifest's generateName."""
+        _, assets = unpack(self.source)
+        manifest = "cuda-workload-validation.yaml" if component == "cuda" else "plugin-workload-validation.yaml"
+        pod: dict[str, Any] = yaml.safe_load((assets / "validator" / "manifests" / manifest).read_text())
+        validator = self.daemonsets()["nvidia-operator-validator"]
+        template = validator["spec"]["template"]["spec"]
+        init = next(c for c in template["initContainers"] if c["name"] == f"{component}-validation")
+        env = {e["name"]: e.get("value", "") for e in init.get("env", []) if "value" in e}
+        pod["metadata"]["namespace"] = self.namespace
+        spec = pod["spec"]
+        for c in (spec["containers"][0], spec["initContainers"][0]):
+            c["image"] = env.get("VALIDATOR_IMAGE", "")
+            if env.get("VALIDATOR_IMAGE_PULL_POLICY"):
+                c["imagePullPolicy"] = env["VALIDATOR_IMAGE_PULL_POLICY"]
+        if env.get("VALIDATOR_IMAGE_PULL_SECRETS"):
+            spec["imagePullSecrets"] = [{"name": n} for n in env["VALIDATOR_IMAGE_PULL_SECRETS"].split(",")]
+        if env.get("VALIDATOR_RUNTIME_CLASS"):
+            spec["runtimeClassName"] = env["VALIDATOR_RUNTIME_CLASS"]
+        pod["metadata"]["ownerReferences"] = copy.deepcopy(validator["metadata"].get("ownerReferences", []))
+        spec["tolerations"] = copy.deepcopy(template.get("tolerations", []))
+        spec["nodeName"] = node
+        if component == "plugin":
+            spec["initContainers"][0]["resources"] = {"limits": {resource: "1"}, "requests": {resource: "1"}}
+        return pod
+
     def failed_creates(self, daemonset: str | None = None) -> list[FailedCreate]:
         """FailedCreate events of the namespace's DaemonSets (of one, if named), oldest first."""
         selector = "reason=FailedCreate,involvedObject.kind=DaemonSet"

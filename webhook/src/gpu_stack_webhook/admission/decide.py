@@ -6,7 +6,8 @@ what Kubernetes would reject before the validating webhooks run (listing every v
 and ResourceClaimTemplates (resource.k8s.io) are judged as themselves (GPU009), and patched at /mutate
 on CREATE like a Pod. On UPDATE
 only findings that the old object did not already have count, so a pod or workload that was fine
-when it was created is never denied for a rule added later.
+when it was created is never denied for a rule added later; except a write that would borrow the GPU
+Operator's standing (policy/operator_owned.py `borrowed`): it is refused, and judged in full.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpu_stack_webhook.admission.review import AdmissionRequest
 from gpu_stack_webhook.policy.engine import DRA_KINDS, JUDGED_KINDS, PATCHABLE_KINDS, Evaluation, Policy, RuleCrashed
 from gpu_stack_webhook.policy.facts import ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp
-from gpu_stack_webhook.policy.operator_owned import operator_owned
+from gpu_stack_webhook.policy.operator_owned import borrowed, operator_owned
 from gpu_stack_webhook.policy.pod import NotAPodError
 
 Outcome = Literal["allowed", "denied", "patched", "skipped", "error"]
@@ -102,6 +103,7 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
     if skipped:
         return Decision(allowed=True, skipped=skipped)
     assert request.object is not None
+    borrowing = _borrowed(policy, request, facts) if endpoint is Endpoint.VALIDATE else ""
     mutating = endpoint is Endpoint.MUTATE
     can_patch = mutating and request.kind in PATCHABLE_KINDS and request.operation == "CREATE"
     ns = request.namespace
@@ -112,12 +114,14 @@ def review(policy: Policy, request: AdmissionRequest, endpoint: Endpoint,
                                      mutating_only=mutating)
         if mutating and any(f.deny_early for f in evaluation.findings):
             evaluation = policy.evaluate(request.object, request.kind, can_patch=can_patch, namespace=ns, facts=facts)
-        if request.operation == "UPDATE" and request.old_object is not None:
+        if request.operation == "UPDATE" and request.old_object is not None and not borrowing:
             evaluation = policy.new_findings(evaluation, request.old_object, request.kind, ns, facts)
     except NotAPodError as error:
         return Decision(allowed=False, code=400, message=f"gpu-stack: {error}")
     except RuleCrashed as crash:
         return _crashed(crash, endpoint)
+    if borrowing:
+        return _refuse_borrowing(borrowing, evaluation)
     return _decide(evaluation, endpoint)
 
 
@@ -142,6 +146,22 @@ def _operator_owned(policy: Policy, request: AdmissionRequest, facts: ClusterFac
     why = operator_owned(policy.config.gpu_operator, request.username, request.kind, request.namespace,
                          obj=request.object, facts=policy.facts if facts is None else facts)
     return f"the GPU Operator's own: {why}" if why else ""
+
+
+def _borrowed(policy: Policy, request: AdmissionRequest, facts: ClusterFacts | None) -> str:
+    assert request.object is not None
+    return borrowed(policy.config.gpu_operator, request.username, request.operation, request.kind, request.namespace,
+                    obj=request.object, old=request.old_object, facts=policy.facts if facts is None else facts)
+
+
+def _refuse_borrowing(why: str, evaluation: Evaluation) -> Decision:
+    """A write that would borrow the operator's standing (policy/operator_owned.py): refused, and judged in full
+    like any user's object (no leniency for what the old object already had), every violation named too."""
+    denials = evaluation.denials
+    message = f"gpu-stack: {why}" + (f"; and judged as any user's: {denial_message(denials)}" if denials else "")
+    warned = evaluation.warnings
+    return Decision(allowed=False, code=403, message=message, warnings=tuple(warning_text(f) for f in warned),
+                    denied_by=_rule_ids(denials), warned=_rule_ids(warned))
 
 
 def denial_message(denials: Iterable[Finding]) -> str:
