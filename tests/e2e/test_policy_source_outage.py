@@ -91,8 +91,11 @@ def test_revoked_runtime_class_list_keeps_the_last_read_then_fails_closed(
         # Within the kept time: judged by the last good read, the sandboxed pod is admitted.
         assert verdict(cluster, namespace, pod("sandboxed", sandboxed)) == (True, "")
 
-        allowed, message = until(lambda: (lambda v: v if not v[0] else None)(
-            verdict(cluster, namespace, pod("sandboxed", sandboxed))), "never failed closed", hook)
+        def refused() -> str:
+            allowed, message = verdict(cluster, namespace, pod("sandboxed", sandboxed))
+            return "" if allowed else message
+
+        message = until(refused, "never failed closed", hook)
         assert "GPU010" in message and "no permission to list runtimeclasses.node.k8s.io" in message, message
         assert verdict(cluster, namespace, pod("plain", None)) == (True, "")  # no runtime class: judged as before
         assert time.time() - last_read(hook) > KEEP_SECONDS  # the metric the alert reads shows it
