@@ -4,7 +4,7 @@ fails closed only after it; and bad input (a ClusterPolicy field of the wrong ty
 a RuntimeClass without a handler) is logged and fails closed only for pods that could reach a GPU.
 
 The API server here is tests/webhook/kube_fake.py (`unreachable`: every call fails as a refused connection;
-`fail_next`: a Forbidden answer, the RBAC revoked); tests/e2e/test_gpu_operator_policy.py does the same against
+`fail_next`: a Forbidden answer, the RBAC revoked); tests/e2e/test_policy_source_outage.py revokes the RBAC on
 the real API server.
 """
 
