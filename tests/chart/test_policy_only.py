@@ -46,6 +46,7 @@ def test_gpu_operator_overlay_reads_the_cluster_policy() -> None:
     assert option(argv, "--operator-service-account") == "gpu-operator"
     assert option(argv, "--runtime-classes") == "live"
     assert option(argv, "--policy-source-interval") == "2s"
+    assert option(argv, "--policy-source-keep") == "10s"  # webhook.policySource.keepLastGoodRead
     rules = one(objects, "ClusterRole", f"{WEBHOOK}-policy-source")["rules"]
     assert rules == [{"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],
                       "resourceNames": ["cluster-policy"], "verbs": ["get"]}]

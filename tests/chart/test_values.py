@@ -32,6 +32,7 @@ _NO_AGENTS = {k: {"enabled": False} for k in ("nfd", "toolkit", "devicePlugin", 
 CONTEXTS: dict[str, dict[str, Any]] = {
     "monitoring.agents": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "webhook.policySource.interval": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
+    "webhook.policySource.keepLastGoodRead": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
     "webhook.policySource.gpuOperator": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "gpu-operator"}}},
     "webhook.policySource.devicePlugin": {**_NO_AGENTS, "webhook": {"policySource": {"mode": "device-plugin",
         "devicePlugin": {"namespace": "plugins", "configMap": "configs"}}}},
@@ -74,6 +75,7 @@ EXAMPLES: dict[str, Any] = {
     # "" follows failurePolicy (Fail: deny), so "deny" alone changes nothing
     "webhook.policy.dra.unresolvedClaims": "warn",
     "webhook.policySource.interval": "5s",
+    "webhook.policySource.keepLastGoodRead": "30s",
     "webhook.image.digest": "sha256:" + "0" * 64,
 }
 

@@ -12,10 +12,12 @@ import pytest
 import yaml
 from gpu_stack_dev.chartlib import ROOT, one, render
 from gpu_stack_dev.generate.monitoring import alerts, counters, dashboards, promql
+from gpu_stack_webhook.kube.live import RuntimeClassReader
 from gpu_stack_webhook.policy.config import parse_config
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.webhook.kube_fake import FakeKube
 from tests.webhook.podlib import GPU, container, make_pod, review
 
 from .promlib import panel_queries, rendered_dashboards, rendered_rules
@@ -56,7 +58,14 @@ def webhook_metrics() -> set[str]:
         assert reply.status_code == 200
     scrape = client.get("/metrics")
     assert scrape.status_code == 200
-    return {s.name for family in text_string_to_metric_families(scrape.get_data(as_text=True)) for s in family.samples}
+    names = {s.name for family in text_string_to_metric_families(scrape.get_data(as_text=True)) for s in family.samples}
+    # Following the cluster (serve --runtime-classes live): when each policy source was last read.
+    live = create_app(AppConfig(policy=parse_config({}), live=RuntimeClassReader(FakeKube()))).test_client()
+    assert live.post("/validate", data=json.dumps(review(denied)), content_type="application/json").status_code == 200
+    scrape = live.get("/metrics")
+    samples = [s for family in text_string_to_metric_families(scrape.get_data(as_text=True)) for s in family.samples]
+    assert any(s.name == "gpu_stack_policy_source_last_read_timestamp_seconds" and s.value > 0 for s in samples)
+    return names | {s.name for s in samples}
 
 
 def read_names() -> dict[str, set[str]]:

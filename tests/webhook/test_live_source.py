@@ -158,8 +158,29 @@ def test_cdi_off_means_nvidia_is_the_default_runtime() -> None:
 
 
 @pytest.mark.parametrize("nri", [False, True])
+def test_the_webhook_answers_what_the_cases_expect(nri: bool) -> None:
+    """The verdicts are written by hand (operator_cases.Case.expect); the webhook, offline on the same
+    ClusterPolicy and RuntimeClasses, must give each of them."""
+    assert operator_cases.answers(nri) == operator_cases.expected(nri)
+
+
+def test_every_case_says_why() -> None:
+    for case in operator_cases.CASES:
+        assert case.expect and case.why, case.name
+        rules = case.expect.removeprefix("denied: ").split(", ") if case.expect.startswith("denied") else []
+        assert all(rule in case.why for rule in rules), (case.name, case.why)
+
+
+def test_the_table_shows_the_hand_written_verdicts() -> None:
+    rows = {line.split("|")[1].strip(" `"): [cell.strip() for cell in line.split("|")[4:6]]
+            for line in operator_cases.table().splitlines()[2:]}
+    for case in operator_cases.CASES:
+        assert rows[case.name][0].startswith(case.expect) and rows[case.name][1] == case.expected(nri=True)
+
+
+@pytest.mark.parametrize("nri", [False, True])
 def test_what_is_open_out_of_the_box_is_closed_with_gpu_stack(nri: bool) -> None:
-    """The table is generated from these answers (gpu_stack_dev/operator_cases.py, tests/test_generated.py);
+    """The table is generated from these verdicts (gpu_stack_dev/operator_cases.py, tests/test_generated.py);
     this is what it must say: every way to GPUs a pod was not given is closed."""
     answers = operator_cases.expected(nri)
     for case in operator_cases.CASES:

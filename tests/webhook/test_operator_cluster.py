@@ -46,7 +46,8 @@ POLICY_UID = "4d9c2a43-cp"
 DS_UID = "0b1f-ds"
 
 
-def operator_config(change: Any = None, **updates: Any) -> PolicyConfig:
+def read_operator(change: Any = None) -> PolicyConfig:
+    """The webhook's policy from the default ClusterPolicy changed by `change`, as kube/live.py reads it."""
     obj = copy.deepcopy(cluster_policy())
     obj["metadata"]["uid"] = POLICY_UID
     obj["status"] = {"namespace": OPERATOR_NS}
@@ -54,7 +55,11 @@ def operator_config(change: Any = None, **updates: Any) -> PolicyConfig:
         change(obj)
     fake = FakeKube()
     fake.cluster_policies["cluster-policy"] = obj
-    config = OperatorReader(fake, "cluster-policy", "gpu-operator")(PolicyConfig())
+    return OperatorReader(fake, "cluster-policy", "gpu-operator")(PolicyConfig())
+
+
+def operator_config(change: Any = None, **updates: Any) -> PolicyConfig:
+    config = read_operator(change)
     assert not config.source_error, config.source_error
     return config.model_copy(update=updates)
 
@@ -140,17 +145,60 @@ def test_the_reader_lists_runtime_classes_after_the_policy_source() -> None:
 
 
 @pytest.mark.parametrize("key", ["nvidia.cdi.k8s.io/container.main", "nvidia.cdi.k8s.io/pod", "nvidia.cdi.k8s.io"])
-def test_nri_annotations_are_denied_unless_nri_is_known_off(key: str) -> None:
+@pytest.mark.parametrize("nri", [None, False, True])
+def test_nri_annotations_are_denied_whatever_the_cluster_policy_says(key: str, nri: bool | None) -> None:
     pod = make_pod([container("main")], annotations={key: "nvidia.com/gpu=all"})
-    unknown = PolicyConfig()  # the chart's own mode, CEL mode: whether NRI runs is not known
-    assert rules_of(judge(unknown, pod)) == {"GPU007"}
-    nri_on = operator_config(lambda o: o["spec"]["cdi"].update({"nriPluginEnabled": True}))
-    assert nri_on.nri_plugin_enabled is True
-    denied = judge(nri_on, pod)
+    if nri is None:
+        config = PolicyConfig()  # the chart's own mode, CEL mode: whether NRI runs is not known
+    else:
+        config = operator_config(lambda o: o["spec"]["cdi"].update({"nriPluginEnabled": nri}))
+        assert config.nri_plugin_enabled is nri
+    denied = judge(config, pod)
     assert rules_of(denied) == {"GPU007"} and f'annotation "{key}" requests CDI devices directly' in denied.message
-    nri_off = operator_config()
-    assert nri_off.nri_plugin_enabled is False
-    assert judge(nri_off, pod).allowed
+
+
+@pytest.mark.parametrize(("cdi", "env", "nri"), [
+    ({"nriPluginEnabled": True}, [], True),
+    ({}, [{"name": "ENABLE_NRI_PLUGIN", "value": "true"}], True),  # toolkit.env alone turns it on
+    ({"nriPluginEnabled": True}, [{"name": "ENABLE_NRI_PLUGIN", "value": "false"}], False),  # applied after
+    ({"enabled": False, "nriPluginEnabled": True}, [], False),  # transformToolkitCtrForCDI runs only with CDI
+])
+def test_the_nri_plugin_is_read_from_the_cluster_policy_and_toolkit_env(cdi: dict[str, Any], env: list[Any],
+                                                                        nri: bool) -> None:
+    def edit(obj: dict[str, Any]) -> None:
+        obj["spec"]["cdi"].update(cdi)
+        obj["spec"]["toolkit"]["env"] = env
+
+    assert operator_config(edit).nri_plugin_enabled is nri
+
+
+@pytest.mark.parametrize("name", ["gpu", "nvidia-cdi"])
+def test_toolkit_env_nvidia_runtime_name_is_a_handler(name: str) -> None:
+    config = operator_config(lambda o: o["spec"]["toolkit"].update(
+        {"env": [{"name": "NVIDIA_RUNTIME_NAME", "value": name}]}))
+    assert name in config.nvidia_runtime_handlers
+    config = config.model_copy(update={"runtime_classes": RuntimeClasses(handlers={"fast": name, "gvisor": "runsc"})})
+    env_pod = make_pod([container("main", env=[VISIBLE])], runtimeClassName="fast")
+    assert "GPU002" in rules_of(judge(config, env_pod))
+    assert judge(config, make_pod([container("main", env=[VISIBLE])],
+                                  runtimeClassName="gvisor")).allowed
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"name": "ENABLE_NRI_PLUGIN", "value": "maybe"},
+     "spec.toolkit.env ENABLE_NRI_PLUGIN='maybe' is not a boolean the toolkit reads"),
+    ({"name": "NVIDIA_RUNTIME_SET_AS_DEFAULT", "value": "yes"},
+     "spec.toolkit.env NVIDIA_RUNTIME_SET_AS_DEFAULT='yes' is not a boolean the toolkit reads"),
+    ({"name": "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED", "value": True},
+     "spec.toolkit.env[0] (ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED) value is not a string: True"),
+    ({"name": "NVIDIA_RUNTIME_NAME", "value": "Not A Handler"},
+     "spec.toolkit.env NVIDIA_RUNTIME_NAME='Not A Handler' is not a runtime handler name"),
+])
+def test_an_unknown_toolkit_env_value_fails_closed_for_gpu_pods_only(env: dict[str, Any], message: str) -> None:
+    config = read_operator(lambda o: o["spec"]["toolkit"].update({"env": [env]}))
+    assert message in config.source_error
+    assert rules_of(judge(config, make_pod([container("main", gpu=1)]))) == {"GPU010"}
+    assert judge(config, make_pod([container("main")])).allowed
 
 
 @pytest.mark.parametrize(("args", "mig", "strategies"), [

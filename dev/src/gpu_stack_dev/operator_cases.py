@@ -1,9 +1,10 @@
 """The pods docs/gpu-operator.md's verdict table is made of, each with what it gets on a GPU Operator v26.7.0
-cluster without gpu-stack ("out of the box", prose with its upstream source) and what the webhook answers,
-computed from the operator's default ClusterPolicy (tests/fixtures/gpu-operator-v26.7.0/clusterpolicy.yaml)
-and its RuntimeClasses. `make generate` writes the table from `table()`; tests/e2e/test_gpu_operator_real.py
-sends the same pods to the API server, beside the real operator controller, and expects those answers; the
-unit tests compare them with the webhook offline.
+cluster without gpu-stack ("out of the box", prose with its upstream source) and what gpu-stack answers on the
+operator's default ClusterPolicy (tests/fixtures/gpu-operator-v26.7.0/clusterpolicy.yaml) and its RuntimeClasses,
+written down by hand with why (`Case.expect`, `Case.why`): never computed from the webhook. `make generate`
+writes the table from them (`table()`); tests/e2e/test_gpu_operator_policy.py sends the same pods to the API
+server, beside the real operator controller, and expects them; tests/webhook/test_live_source.py compares them
+with the webhook's answers offline (`answers()`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ class Case:
     containers: tuple[dict[str, Any], ...]
     runtime_class: str = ""
     annotations: tuple[tuple[str, str], ...] = ()
+    # What gpu-stack answers, written down by hand (never computed from the webhook): `allowed`,
+    # `denied: GPU0xx, ...` (the denying rules, sorted) or NO_RUNTIME_CLASS; with why. `expect_nri`: with
+    # `cdi.nriPluginEnabled: true`, when it differs.
+    expect: str = ""
+    why: str = ""
+    expect_nri: str = ""
+
+    def expected(self, nri: bool = False) -> str:
+        return (self.expect_nri or self.expect) if nri else self.expect
 
     def pod(self, name: str = "") -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": [copy.deepcopy(c) for c in self.containers]}
@@ -66,44 +76,57 @@ def _c(name: str, **fields: Any) -> dict[str, Any]:
 
 
 OPEN_RUNTIME = "open: the NVIDIA runtime gives it every GPU its image's `NVIDIA_VISIBLE_DEVICES=all` names"
+# Why the webhook denies, rule by rule (written down here, not taken from the webhook's answers).
+NO_GPU_OF_ITS_OWN = "GPU011: a container without a GPU of its own under the NVIDIA runtime, which honours the variable"
+ENV = "GPU002: it names NVIDIA_VISIBLE_DEVICES under the NVIDIA runtime"
 CASES = (
     Case("runtime-class-cuda-image", "`runtimeClassName: nvidia`, a CUDA image, no GPU request", OPEN_RUNTIME,
-         (_c("main"),), "nvidia"),
+         (_c("main"),), "nvidia", expect="denied: GPU011", why=NO_GPU_OF_ITS_OWN, expect_nri=NO_RUNTIME_CLASS),
     Case("cdi-runtime-cuda-image", "`runtimeClassName: nvidia-cdi`, a CUDA image, no GPU request",
          "open: in CDI mode the runtime turns the image's variable into the CDI device `nvidia.com/gpu=all`",
-         (_c("main"),), "nvidia-cdi"),
+         (_c("main"),), "nvidia-cdi", expect="denied: GPU011", why=NO_GPU_OF_ITS_OWN, expect_nri=NO_RUNTIME_CLASS),
     Case("legacy-runtime-env", "`runtimeClassName: nvidia-legacy`, env `NVIDIA_VISIBLE_DEVICES=all`, no GPU request",
-         "open: every GPU (gpu-operator #1588)", (_c("main", env=[VISIBLE]),), "nvidia-legacy"),
+         "open: every GPU (gpu-operator #1588)", (_c("main", env=[VISIBLE]),), "nvidia-legacy",
+         expect="denied: GPU002, GPU011", why=f"{ENV}; {NO_GPU_OF_ITS_OWN}", expect_nri=NO_RUNTIME_CLASS),
     Case("admin-runtime-class", "`runtimeClassName: gpu-fast`, an admin's class with handler `nvidia`, a CUDA "
-         "image, no GPU request", OPEN_RUNTIME, (_c("main"),), "gpu-fast"),
+         "image, no GPU request", OPEN_RUNTIME, (_c("main"),), "gpu-fast", expect="denied: GPU011",
+         why=f"its handler is the NVIDIA runtime's; {NO_GPU_OF_ITS_OWN}"),
     Case("runtime-class-env", "`runtimeClassName: nvidia`, env `NVIDIA_VISIBLE_DEVICES=all`, no GPU request",
-         "open: every GPU", (_c("main", env=[VISIBLE]),), "nvidia"),
+         "open: every GPU", (_c("main", env=[VISIBLE]),), "nvidia", expect="denied: GPU002, GPU011",
+         why=f"{ENV}; {NO_GPU_OF_ITS_OWN}", expect_nri=NO_RUNTIME_CLASS),
     Case("cuda-sidecar", "one GPU for `main`, a second container without one, `runtimeClassName: nvidia`",
-         "open: the second container gets every GPU", (_c("main", resources=GPU), _c("side")), "nvidia"),
+         "open: the second container gets every GPU", (_c("main", resources=GPU), _c("side")), "nvidia",
+         expect="denied: GPU011", why=NO_GPU_OF_ITS_OWN, expect_nri=NO_RUNTIME_CLASS),
     Case("other-runtime-class", "`runtimeClassName: sandboxed` (handler `runsc`), env `NVIDIA_VISIBLE_DEVICES=all`",
-         "closed: gVisor reads no NVIDIA variable", (_c("main", env=[VISIBLE]),), "sandboxed"),
+         "closed: gVisor reads no NVIDIA variable", (_c("main", env=[VISIBLE]),), "sandboxed",
+         expect="allowed", why="its handler is not the NVIDIA runtime"),
     Case("env-without-runtime-class", "env `NVIDIA_VISIBLE_DEVICES=all`, no GPU request, no runtime class",
          "closed: runc ignores the variable (`nvidia` is not the default runtime under CDI)",
-         (_c("main", env=[VISIBLE]),)),
+         (_c("main", env=[VISIBLE]),), expect="allowed",
+         why="runc runs it: `nvidia` is not the default runtime under CDI"),
     Case("cdi-annotation", "annotation `cdi.k8s.io/gpu: nvidia.com/gpu=all`, no GPU request",
          "open where the container engine injects CDI devices named in pod annotations", (_c("main"),),
-         annotations=(("cdi.k8s.io/gpu", "nvidia.com/gpu=all"),)),
+         annotations=(("cdi.k8s.io/gpu", "nvidia.com/gpu=all"),), expect="denied: GPU007",
+         why="GPU007: containerd and CRI-O inject what it names, under any runtime"),
     Case("nri-annotation", "annotation `nvidia.cdi.k8s.io/container.main: nvidia.com/gpu=all`, no GPU request",
          "closed by default; open in NRI mode: the toolkit's NRI plugin injects the devices it names, in any "
-         "namespace", (_c("main"),), annotations=(("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=all"),)),
+         "namespace", (_c("main"),), annotations=(("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=all"),),
+         expect="denied: GPU007",
+         why="GPU007: the NRI plugin injects what it names once it is switched on, whatever the ClusterPolicy "
+             "says when the pod is admitted"),
     Case("privileged-sidecar", "one GPU for `main`, a privileged second container",
          "open: a privileged container sees every device node of the host",
-         (_c("main", resources=GPU), _c("side", **PRIVILEGED))),
+         (_c("main", resources=GPU), _c("side", **PRIVILEGED)), expect="denied: GPU003",
+         why="GPU003: a privileged container in a GPU pod"),
     Case("privileged-no-gpu", "a privileged container, no GPU request", "open: every device node of the host",
-         (_c("main", **PRIVILEGED),)),
+         (_c("main", **PRIVILEGED),), expect="allowed",
+         why="not a GPU pod; keep privileged pods out with Pod Security"),
     Case("mig-under-single", "requests `nvidia.com/mig-1g.5gb`",
-         "pending forever: under `single` no node advertises it", (_c("main", resources=MIG),)),
-    Case("one-gpu", "requests one `nvidia.com/gpu`", "runs", (_c("main", resources=GPU),)),
+         "pending forever: under `single` no node advertises it", (_c("main", resources=MIG),),
+         expect="denied: GPU005", why="GPU005: a MIG resource under the `single` MIG strategy"),
+    Case("one-gpu", "requests one `nvidia.com/gpu`", "runs", (_c("main", resources=GPU),), expect="allowed",
+         why="one GPU through the device plugin"),
 )
-# What the table says beyond the rule IDs: why an allowed pod is allowed.
-NOTES = {"privileged-no-gpu": "not a GPU pod; keep privileged pods out with Pod Security",
-         "nri-annotation": "the annotation is inert with NRI off",
-         "other-runtime-class": "its handler is not the NVIDIA runtime"}
 
 
 def cluster_policy(nri: bool = False) -> dict[str, Any]:
@@ -135,17 +158,22 @@ def verdict(config: PolicyConfig, pod: dict[str, Any]) -> str:
 
 
 def expected(nri: bool = False) -> dict[str, str]:
+    """The hand-written verdicts (Case.expect): what the e2e tests and the table expect."""
+    return {case.name: case.expected(nri) for case in CASES}
+
+
+def answers(nri: bool = False) -> dict[str, str]:
+    """What the webhook answers offline, to be compared with `expected` (tests/webhook/test_live_source.py)."""
     config = operator_config(nri)
     return {case.name: verdict(config, case.pod()) for case in CASES}
 
 
 def table() -> str:
-    default, nri = expected(), expected(nri=True)
     rows = ["| Case | The pod | Out of the box | With gpu-stack | With gpu-stack, NRI mode |", "|---|---|---|---|---|"]
     for case in CASES:
-        note = f": {NOTES[case.name]}" if case.name in NOTES and default[case.name] == "allowed" else ""
-        rows.append(f"| `{case.name}` | {case.what} | {case.out_of_the_box} | {default[case.name]}{note} | "
-                    f"{nri[case.name]} |")
+        note = f": {case.why}" if case.expect == "allowed" else ""
+        rows.append(f"| `{case.name}` | {case.what} | {case.out_of_the_box} | {case.expect}{note} | "
+                    f"{case.expected(nri=True)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -72,7 +72,7 @@ def generated() -> list[Generated]:
                   chart_security.SECTION),
         Generated(ROOT / "README.md", "the first lines of each overlay", overlay_table.readme, overlay_table.SECTION),
         Generated(ROOT / "docs" / "operations.md", "webhook settings.py", env_table.readme, env_table.SECTION),
-        Generated(ROOT / "docs" / "gpu-operator.md", "gpu_stack_dev/operator_cases.py judged by the webhook",
+        Generated(ROOT / "docs" / "gpu-operator.md", "gpu_stack_dev/operator_cases.py hand-written expectations",
                   operator_cases.readme, operator_cases.SECTION),
     ]
 

@@ -260,7 +260,8 @@ class PolicyConfig(_Strict):
     # only `gpuRuntimeClassNames` are GPU runtime classes (offline, CEL mode).
     runtime_classes: RuntimeClasses | None = Field(None, alias="runtimeClasses")
     # Does the toolkit run its NRI plugin, which injects the CDI devices a pod's `nvidia.cdi.k8s.io/`
-    # annotations name under any runtime (GPU007)? None: not known, so the annotations are denied.
+    # annotations name under any runtime? None: not known. Reported (the policy-source log line), never relied
+    # on: GPU007 denies those annotations whatever it says (the plugin may be switched on after admission).
     nri_plugin_enabled: bool | None = Field(None, alias="nriPluginEnabled")
     # With `serve --policy-source gpu-operator`: the operator, whose own pods are admitted as its own.
     gpu_operator: GpuOperatorIdentity | None = Field(None, alias="gpuOperator")

@@ -30,6 +30,7 @@ fallbacks `named` ("default") and `single` (the only config).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,7 @@ NODE_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # not a valid label value, so no node label can name it.
 EMPTY_CONFIG = "(built-in)"
 DEFAULT_RUNTIME_CLASS = "nvidia"
-_TRUE = ("true", "1", "yes", "on")
+_HANDLER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class SourceError(Exception):
@@ -73,9 +74,12 @@ class OperatorSettings:
     runtime_class: str
     # The toolkit honours NVIDIA_VISIBLE_DEVICES from unprivileged containers.
     envvar_when_unprivileged: bool = True
-    # spec.cdi.nriPluginEnabled: the toolkit's NRI plugin injects what nvidia.cdi.k8s.io/ annotations name.
+    # The toolkit runs its NRI plugin (spec.cdi.nriPluginEnabled, toolkit.env ENABLE_NRI_PLUGIN), which injects
+    # what nvidia.cdi.k8s.io/ annotations name.
     nri_plugin_enabled: bool = False
     uid: str = ""
+    # toolkit.env NVIDIA_RUNTIME_NAME: another runtime handler the toolkit registers ("" = not set).
+    runtime_name: str = ""
 
 
 def _section(spec: Mapping[str, Any], path: str) -> Mapping[str, Any]:
@@ -117,8 +121,28 @@ def _env(section: Mapping[str, Any], where: str) -> dict[str, str]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
             raise SourceError(f"{where}.env[{index}] has no name")
-        env[entry["name"]] = str(entry.get("value") or "")
+        value = entry.get("value")
+        if value is not None and not isinstance(value, str):
+            raise SourceError(f"{where}.env[{index}] ({entry['name']}) value is not a string: {value!r}")
+        env[entry["name"]] = value or ""
     return env
+
+
+# How the toolkit reads a boolean from its environment: urfave/cli v3 BoolFlag (nvidia-container-toolkit v1.20.0
+# vendor/github.com/urfave/cli/v3/flag_bool.go, strconv.ParseBool; flag_impl.go: an empty value is false). Any
+# other value stops the toolkit ("could not parse ..."), so the policy cannot say what the node runs.
+_PARSE_BOOL = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True, "": False,
+               "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+
+
+def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    if name not in env:
+        return default
+    value = env[name]
+    if value not in _PARSE_BOOL:
+        raise SourceError(f"spec.toolkit.env {name}={value!r} is not a boolean the toolkit reads (strconv.ParseBool: "
+                          f"true, false, 1, 0, t, f): the toolkit would not start with it")
+    return _PARSE_BOOL[value]
 
 
 def operator_version(obj: Mapping[str, Any]) -> str:
@@ -174,15 +198,27 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
     if mig is not None and mig not in ("none", "single", "mixed"):
         raise SourceError(f"MIG strategy {mig!r} is not none, single or mixed")
     strategies = flags.get("device-list-strategy", strategies)
-    if "NVIDIA_RUNTIME_SET_AS_DEFAULT" in toolkit_env:
-        runtime_default = toolkit_env["NVIDIA_RUNTIME_SET_AS_DEFAULT"].strip().lower() in _TRUE
-    else:
-        runtime_default = not (cdi and _flag(toolkit, "enabled", "spec.toolkit", True))
-    # nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer: true unless the toolkit's environment says
-    # otherwise (the operator sets nothing); a toolkit the operator does not manage is not known: true.
-    envvar = toolkit_env.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED", "true").lower() in _TRUE
-    if not _flag(toolkit, "enabled", "spec.toolkit", True):
-        envvar = True
+    toolkit_on = _flag(toolkit, "enabled", "spec.toolkit", True)
+    # toolkit.env is set on the toolkit's container after the CDI transform (gpu-operator v26.7.0
+    # controllers/object_controls.go TransformToolkit, lines 1314-1363), so it outranks what the operator sets.
+    runtime_default = _env_flag(toolkit_env, "NVIDIA_RUNTIME_SET_AS_DEFAULT", not (cdi and toolkit_on))
+    # nvidia-container-toolkit v1.20.0 cmd/nvidia-ctk-installer/toolkit/toolkit.go: true unless the toolkit's
+    # environment says otherwise (the operator sets nothing); a toolkit the operator does not manage is not
+    # known: true.
+    envvar = _env_flag(toolkit_env, "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED", True) or not toolkit_on
+    # The NRI plugin: ENABLE_NRI_PLUGIN=true from transformToolkitCtrForCDI when CDI is on and
+    # cdi.nriPluginEnabled (CDIConfigSpec.IsNRIPluginEnabled), then toolkit.env (cmd/nvidia-ctk-installer/main.go
+    # --enable-nri-plugin). GPU007 denies the NRI annotations whatever this says; it is reported, not relied on.
+    nri = _flag(_section(spec, "cdi"), "nriPluginEnabled", "spec.cdi", False) and cdi
+    nri = _env_flag(toolkit_env, "ENABLE_NRI_PLUGIN", nri) and toolkit_on
+    # The runtime handler the toolkit registers (nvidia-container-toolkit v1.20.0
+    # cmd/nvidia-ctk-installer/container/runtime/runtime.go --runtime-name: NVIDIA_RUNTIME_NAME, then the
+    # operator's CONTAINERD_RUNTIME_CLASS; container/operator/operator.go GetRuntimes: that name, "nvidia" when
+    # empty or one of the mode runtimes, besides nvidia-cdi and nvidia-legacy).
+    runtime_name = toolkit_env.get("NVIDIA_RUNTIME_NAME", "").strip()
+    if runtime_name and not _HANDLER.fullmatch(runtime_name):
+        raise SourceError(f"spec.toolkit.env NVIDIA_RUNTIME_NAME={runtime_name!r} is not a runtime handler name "
+                          f"(a DNS label)")
     status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
     assert isinstance(status, Mapping)
     return OperatorSettings(
@@ -195,7 +231,8 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
         nvidia_runtime_is_default=runtime_default,
         runtime_class=_string(_section(spec, "operator"), "runtimeClass", "spec.operator") or DEFAULT_RUNTIME_CLASS,
         envvar_when_unprivileged=envvar,
-        nri_plugin_enabled=_flag(_section(spec, "cdi"), "nriPluginEnabled", "spec.cdi", False),
+        nri_plugin_enabled=nri,
+        runtime_name=runtime_name if toolkit_on else "",
         uid=str((obj.get("metadata") or {}).get("uid") or ""),
     )
 
@@ -298,7 +335,9 @@ def operator_policy(base: PolicyConfig, settings: OperatorSettings, data: Mappin
     runtime_classes = list(dict.fromkeys([*base.gpu_runtime_class_names, settings.runtime_class]))
     # The operator names the toolkit's runtime handler after its runtime class (CONTAINERD_RUNTIME_CLASS,
     # getRuntimeClassName) and creates the RuntimeClass with that handler.
-    handlers = list(dict.fromkeys([*base.nvidia_runtime_handlers, settings.runtime_class]))
+    # toolkit.env NVIDIA_RUNTIME_NAME renames the handler the toolkit registers.
+    handlers = list(dict.fromkeys([*base.nvidia_runtime_handlers, settings.runtime_class,
+                                   *([settings.runtime_name] if settings.runtime_name else [])]))
     operator = base.gpu_operator.model_copy(update={"namespace": settings.namespace, "cluster_policy_uid": settings.uid}
                                             ) if base.gpu_operator is not None else None
     return _policy(base, where, configs, default, nvidiaRuntimeIsDefault=settings.nvidia_runtime_is_default,

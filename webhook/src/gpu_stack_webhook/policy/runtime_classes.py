@@ -6,7 +6,8 @@ handler in `nvidiaRuntimeHandlers`.
 
 The handlers come from the cluster (config `runtimeClasses`, read by kube/live.py every few seconds). A name
 the last read did not hold (a RuntimeClass created since) is asked of the API (`ctx.facts`) when lookups are
-on. What cannot be known (the read failed, or a name neither read nor looked up) is `UNKNOWN`: the pod counts
+on. What cannot be known (the read failed, a name neither read nor looked up, a RuntimeClass without a
+handler) is `UNKNOWN`: the pod counts
 as a GPU pod and GPU010 denies it, naming why (fail closed). Offline (config `runtimeClasses` unset: `check`,
 CEL mode) only the names count.
 """
@@ -47,6 +48,8 @@ def runtime_of(name: object, ctx: Context) -> tuple[Runtime, str]:
         if fact.value is None:  # no such RuntimeClass: the API server refuses its pods (RuntimeClass admission)
             return Runtime.OTHER, ""
         handler = fact.value
+    if not handler:  # the API server requires a handler: what runs this pod is not known
+        return Runtime.UNKNOWN, f"RuntimeClass {name} has no handler"
     return (Runtime.NVIDIA if handler in config.nvidia_runtime_handlers else Runtime.OTHER), handler
 
 

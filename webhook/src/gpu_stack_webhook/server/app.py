@@ -107,14 +107,14 @@ def create_app(config: AppConfig) -> Flask:
     # The review routes bound their bodies themselves (review_routes.py); this bounds Flask's routes.
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
     policy: PolicySource
+    metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
     if config.live is not None:
         policy = LivePolicy(config.policy_path, config.policy, config.live, interval=config.live_interval,
                             describe=config.live.describe(), built=config.built, rules=config.rules,
-                            facts=config.facts)
+                            facts=config.facts, publish=metrics.publish_source_reads)
     else:
         policy = serving_policy(config.policy, config.policy_path, config.settings.reload_seconds,  # reloader.py
                                 built=config.built, rules=config.rules, facts=config.facts)
-    metrics = Metrics(multiprocess_dir(config.settings.prometheus_multiproc_dir))
 
     @app.get("/healthz")
     def healthz() -> Response:

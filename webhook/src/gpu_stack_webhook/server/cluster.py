@@ -25,6 +25,7 @@ from typing import Any
 from gpu_stack_webhook.kube.client import DEFAULT_TIMEOUT, KubernetesClientApi
 from gpu_stack_webhook.kube.live import (
     DevicePluginReader,
+    LastGood,
     OperatorReader,
     Reader,
     RuntimeClassReader,
@@ -81,6 +82,9 @@ def add_arguments(srv: argparse.ArgumentParser) -> None:
     add_source_arguments(live, "file", "file: the sharing configs of --config")
     live.add_argument("--policy-source-interval", type=duration, default=duration("2s"),
                       help="how often the live configuration is read (default 2s)")
+    live.add_argument("--policy-source-keep", type=duration, default=duration("10s"),
+                      help="how long the last good read of the live configuration and the RuntimeClasses is used "
+                           "while the API server does not answer, before GPU pods are denied (default 10s)")
     live.add_argument("--runtime-classes", choices=["names", "live"], default="names",
                       help="which RuntimeClasses select the NVIDIA runtime: names: those of the policy's "
                            "gpuRuntimeClassNames; live: also every RuntimeClass whose handler is one of its "
@@ -171,15 +175,18 @@ def live_reader(args: argparse.Namespace, api: KubernetesClientApi
     short request timeout."""
     timeout = args.lookup_timeout.total_seconds()
     reads = KubernetesClientApi(api.api_client, (timeout, timeout))
+    keep = args.policy_source_keep.total_seconds()
     source: OperatorReader | DevicePluginReader | None = None
     if args.policy_source == "gpu-operator":
-        source = OperatorReader(reads, args.cluster_policy, args.operator_namespace, args.operator_service_account)
+        source = OperatorReader(reads, args.cluster_policy, args.operator_namespace, args.operator_service_account,
+                                kept=LastGood("gpu-operator", keep))
     elif args.policy_source == "device-plugin":
         namespace, _, name = (args.plugin_configmap or "").partition("/")
         if not (namespace and name):
             raise ValueError("--policy-source device-plugin needs --plugin-configmap NAMESPACE/NAME")
-        source = DevicePluginReader(reads, namespace, name, args.plugin_default_config)
+        source = DevicePluginReader(reads, namespace, name, args.plugin_default_config,
+                                    kept=LastGood("device-plugin", keep))
     if args.runtime_classes == "live":
         inner: Reader | None = source
-        return RuntimeClassReader(reads, inner)
+        return RuntimeClassReader(reads, inner, kept=LastGood("runtime-classes", keep))
     return source

@@ -5,8 +5,10 @@ after the fork) reads the live configuration every `interval` seconds through a 
 together with the policy file (re-read when it changed, as server/reloader.py does), and swaps in a new
 `Policy` when the result differs: one attribute store, a request in flight finishes with the policy it
 started with. A change of the ClusterPolicy or the device plugin ConfigMap is followed within
-`interval` seconds, without a restart. When the live configuration cannot be read the policy denies
-GPU pods (GPU010) with the reader's message, logged once per change at ERROR.
+`interval` seconds, without a restart. When the live configuration cannot be read (past the reader's kept
+last good read, kube/live.py LastGood) the policy denies GPU pods (GPU010) with the reader's message, logged
+once per change at ERROR. After each read the thread publishes when each source was last read in full
+(server/metrics.py gpu_stack_policy_source_last_read_timestamp_seconds).
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ class LivePolicy:
 
     def __init__(self, path: str | None, config: PolicyConfig, read: Callable[[PolicyConfig], PolicyConfig],
                  *, interval: float = DEFAULT_INTERVAL, describe: str = "the live configuration",
-                 built: Policy | None = None, **policy_kwargs: Any) -> None:
+                 built: Policy | None = None, publish: Callable[[dict[str, float]], None] | None = None,
+                 **policy_kwargs: Any) -> None:
         """`built`: the Policy of `config` and `policy_kwargs` when the caller has it already, served as it
-        is while the live configuration adds nothing to `config`."""
+        is while the live configuration adds nothing to `config`. `publish`: given, after each read in the
+        following thread, when each source was last read in full (the reader's `last_reads`)."""
         self.path = path
+        self.publish = publish
         self.read = read
         self.interval = interval
         self.describe = describe
@@ -90,13 +95,21 @@ class LivePolicy:
                    for name, cfg in config.sharing.configs.items()}
         log.info("policy follows %s", self.describe,
                  extra={"event": "policy-source-read", "defaultConfig": config.sharing.default_config,
-                        "configs": configs, "nvidiaRuntimeIsDefault": config.nvidia_runtime_is_default})
+                        "configs": configs, "nvidiaRuntimeIsDefault": config.nvidia_runtime_is_default,
+                        "nvidiaRuntimeHandlers": list(config.nvidia_runtime_handlers),
+                        "nriPluginEnabled": config.nri_plugin_enabled})
+
+    def _publish(self) -> None:
+        last_reads = getattr(self.read, "last_reads", None)
+        if self.publish is not None and last_reads is not None:
+            self.publish(last_reads())
 
     def _follow(self) -> None:
         while True:
             time.sleep(self.interval)
             try:
                 self.refresh()
+                self._publish()
             except Exception as bug:  # a bug must not stop the following; the last policy stays
                 log.exception("policy source read failed", extra={"error": f"{type(bug).__name__}: {bug}"})
 
@@ -105,5 +118,6 @@ class LivePolicy:
             with self._lock:
                 if self._pid != os.getpid():
                     self._pid = os.getpid()
+                    self._publish()  # in this worker, never in gunicorn's master (Metrics.source_read)
                     threading.Thread(target=self._follow, name="policy-source", daemon=True).start()
         return self._current

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -79,7 +79,8 @@ class Metrics:
     With PROMETHEUS_MULTIPROC_DIR set (gunicorn) the values live in files and /metrics aggregates them.
     Compiled (webhook/setup.py) with server/metric_values.py: `record` runs on every review."""
 
-    __slots__ = ("_findings", "_reviews", "duration", "findings", "multiprocess_dir", "registry", "reviews")
+    __slots__ = ("_findings", "_reviews", "duration", "findings", "multiprocess_dir", "registry", "reviews",
+                 "source_read")
 
     def __init__(self, multiprocess_dir: str | None = None, registry: CollectorRegistry | None = None) -> None:
         self.multiprocess_dir = multiprocess_dir
@@ -108,6 +109,23 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
+
+        # Set only by the worker's policy-source thread (server/live_policy.py), never in gunicorn's master: the
+        # stalest live worker is what a scrape reports.
+        self.source_read = Gauge(
+            "gpu_stack_policy_source_last_read_timestamp_seconds",
+            "Unix time at which the API server last answered every read of a policy source (gpu-operator, "
+            "device-plugin, runtime-classes); 0: never. Past webhook.policySource.keepLastGoodRead the webhook "
+            "denies GPU pods (GPU010).",
+            ["source"],
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+
+    def publish_source_reads(self, reads: dict[str, float]) -> None:
+        """Each policy source's last full read (kube/live.py LastGood.last_read)."""
+        for source, when in reads.items():
+            self.source_read.labels(source).set(when)
 
     def record(self, endpoint: Endpoint, reply: Reply, seconds: float) -> None:
         """Count one answered review: a dict lookup per label set, then increments that stay in memory

@@ -116,6 +116,15 @@ WEBHOOK = Group("gpu-stack-webhook", (
         "The API server's p99 for {{ $labels.name }} ({{ $labels.type }}) is {{ $value | humanizeDuration }}, "
         "close to the webhook's timeoutSeconds: past it, calls fail (or fail open).",
     ),
+    Alert(
+        "GPUStackPolicySourceStale",
+        f"time() - gpu_stack_policy_source_last_read_timestamp_seconds{{{WEBHOOK_TARGET}}} > 60",
+        "2m", "critical",
+        "A gpu-stack webhook cannot read the configuration it judges GPU pods by.",
+        "The webhook pod {{ $labels.pod }} has not read {{ $labels.source }} for {{ $value | humanizeDuration }}: "
+        "past webhook.policySource.keepLastGoodRead it denies GPU pods (GPU010), and, for runtime-classes, "
+        "every pod that names a runtime class.",
+    ),
 ))
 
 GPU = Group("gpu-stack-gpus", (

@@ -4,11 +4,12 @@ Besides NVIDIA_VISIBLE_DEVICES (GPU002) the NVIDIA runtime takes device requests
 places a pod controls: volume mounts under /var/run/nvidia-container-devices (the volume-mounts
 device list strategy) and CDI annotations: `cdi.k8s.io/*` (read by containerd and CRI-O when CDI is
 on) and `nvidia.cdi.k8s.io/container.<name>`, `/pod` or the bare domain (read by the toolkit's NRI plugin,
-policy/signals.py NRI_ANNOTATION_DOMAIN). Either one hands a container GPUs it was never allocated. CDI
-annotations are denied on every pod (the container engine reads them under any runtime); the NRI ones
-too, unless the policy knows the NRI plugin is off (`nriPluginEnabled: false`, read from the GPU
-Operator's ClusterPolicy `cdi.nriPluginEnabled`; the CEL twin cannot know it and always denies); the
-mounts only where the NVIDIA runtime runs the pod (GPU002 says when), the only reader of that directory.
+policy/signals.py NRI_ANNOTATION_DOMAIN). Either one hands a container GPUs it was never allocated. Both
+are denied on every pod, whatever the policy says of NRI: the container engine reads the CDI ones under
+any runtime, and the NRI plugin can be switched on (ClusterPolicy `cdi.nriPluginEnabled`, or toolkit.env
+`ENABLE_NRI_PLUGIN`) while an admitted annotation waits in a running pod, so the webhook and its CEL twin
+give one answer; the mounts only where the NVIDIA runtime runs the pod (GPU002 says when), the only reader
+of that directory.
 The GPU Operator's own pods, which carry `nvidia.cdi.k8s.io/container.<name>: management.nvidia.com/gpu=all`
 in NRI mode, are admitted before any rule runs (policy/operator_owned.py).
 """
@@ -30,7 +31,6 @@ from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.findings import Finding, Severity
 from gpu_stack_webhook.policy.pod import PodView
 from gpu_stack_webhook.policy.signals import (
-    CDI_ANNOTATION_PREFIX,
     DEVICE_ANNOTATION_CEL,
     DEVICE_LIST_DIR,
     DEVICE_LIST_NAME,
@@ -58,9 +58,8 @@ def _under_device_dir(mount_path: str) -> bool:
 
 def check(pod: PodView, ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
-    nri_known_off = ctx.config.nri_plugin_enabled is False
     for key in pod.annotations:
-        if is_device_annotation(key) and not (nri_known_off and not key.startswith(CDI_ANNOTATION_PREFIX)):
+        if is_device_annotation(key):
             findings.append(Finding(ID, Severity.DENY, CDI_REQUEST(key=key), f"{pod.metadata_path}.annotations[{key}]"))
     if not reaches_nvidia_runtime(pod, ctx):
         return findings
