@@ -203,7 +203,9 @@ _LIMIT_WANTED = (
     f"size({_PROBLEM}) == 0 && type(c.o) == map && c.o.?kind.orValue(null) in {_KINDS!r} && "
     f"c.o.?sharing.orValue(null) != null && c.o.sharing.strategy == '{MPS}' && "
     f"'{MPS}' in variables.draSharingStrategies && "
-    "c.o.sharing.?mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null"
+    # mpsConfig null (the driver reads it as absent): CEL selects no field of null, so test its type first.
+    "(type(c.o.sharing.?mpsConfig.orValue(null)) != map || "
+    "c.o.sharing.mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null)"
 )
 _POINTER = "'/' + c.p.replace('.', '/').replace('[', '/').replace(']', '') + '/sharing/mpsConfig'"
 _LIMIT_PATCH = (
