@@ -68,6 +68,8 @@ def _rule_lists() -> list[Generated]:
     values.yaml's comments)."""
     source = "the rule modules (policy/rules/ RULES)"
     return [Generated(rule_lists.SCHEMA, source, rule_lists.schema_enum, "webhook.policy.rules.disabled enum"),
+            Generated(ROOT / "docs" / "policy-rules.md", "the rule modules' ID, NAME and DOC", rule_lists.rules_table,
+                      rule_lists.RULES_TABLE),
             *(Generated(item.path, source, item.render, item.what) for item in rule_lists.LISTS)]
 
 

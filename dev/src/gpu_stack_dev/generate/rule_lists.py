@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpu_stack_webhook.policy.rules import RULES, Rule
 
-from gpu_stack_dev.generate.paths import CHART, ROOT
+from gpu_stack_dev.generate.paths import CHART, ROOT, with_section
 
 RULES_DIR = ROOT / "webhook" / "src" / "gpu_stack_webhook" / "policy" / "rules"
 SCHEMA = CHART / "values.schema.json"
@@ -60,6 +60,16 @@ def schema_enum(text: str) -> str:
     return pattern.sub(lambda _m: '"enum": [' + ", ".join(f'"{i}"' for i in all_ids()) + "]", text)
 
 
+RULES_TABLE = "rules-table"
+
+
+def rules_table(text: str) -> str:
+    """docs/policy-rules.md with its table of rules made from the modules (ID, NAME, DOC)."""
+    rows = ["| ID | Name | What it enforces |", "|---|---|---|"]
+    rows += [f"| {r.id} | {r.name} | {r.doc.replace('|', chr(92) + '|')} |" for r in RULES]
+    return with_section(text, RULES_TABLE, "\n".join(rows) + "\n")
+
+
 @dataclass(frozen=True)
 class IdList:
     path: Path
@@ -93,6 +103,8 @@ LISTS = (
     IdList(ROOT / "docs" / "cel-mode.md", "the denials of the rules without one (", not_cel_validated, NOT_VALIDATED),
     IdList(ROOT / "docs" / "dra.md", "rules reading claims (", unresolved_claims, UNRESOLVED),
     IdList(ROOT / "docs" / "policy-rules.md", "so it runs the rules that can make them (", mutating, MUTATING),
+    IdList(CHART / "README.md", "ValidatingAdmissionPolicy per rule CEL expresses (", cel_validated, VALIDATED),
+    IdList(CHART / "templates" / "NOTES.txt", "(both modes cel): the denials of ", not_cel_validated, NOT_VALIDATED),
     IdList(CHART / "values.yaml", "inside the API server for ", cel_validated, VALIDATED),
     IdList(CHART / "values.yaml", "# the denials of ", not_cel_validated, NOT_VALIDATED),
     IdList(CHART / "values.yaml", "in the rules reading claims\n      # (", unresolved_claims, UNRESOLVED),

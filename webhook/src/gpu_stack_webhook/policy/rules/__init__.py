@@ -9,7 +9,8 @@ policies and the matchConditions from the modules; tests/property holds the two 
 
 - `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case),
   and a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and
-  the exact scope).
+  the exact scope); `DOC`, what it enforces in full for users (markdown, its row of docs/policy-rules.md;
+  the summary when left out).
 - `SCOPE`, the signals (policy/signals.py) of the requests it can act on: outside them it returns no
   finding and changes nothing, because the API server is told not to call the webhook for such requests
   (the matchConditions are assembled from SCOPE and each signal's CEL).
@@ -79,6 +80,8 @@ class Rule:
     cel_validation: CelValidation | None = None
     cel_mutation: CelMutation | None = None
     webhook_only: str = ""
+    # What it enforces, in full (module DOC, markdown): its row of docs/policy-rules.md.
+    doc: str = ""
 
 
 def _rule(module: ModuleType) -> Rule:
@@ -88,7 +91,8 @@ def _rule(module: ModuleType) -> Rule:
                 scope=frozenset(module.SCOPE), mutating=getattr(module, "MUTATING", True),
                 check_object=getattr(module, "check_object", None),
                 cel_validation=getattr(module, "CEL_VALIDATION", None),
-                cel_mutation=getattr(module, "CEL_MUTATION", None), webhook_only=getattr(module, "WEBHOOK_ONLY", ""))
+                cel_mutation=getattr(module, "CEL_MUTATION", None), webhook_only=getattr(module, "WEBHOOK_ONLY", ""),
+                doc=getattr(module, "DOC", "") or summary)
     if rule.cel_validation is None and rule.cel_mutation is None and not rule.webhook_only:
         raise ValueError(f"{module.__name__}: a rule has a CEL twin (CEL_VALIDATION, CEL_MUTATION) or says why "
                          "not (WEBHOOK_ONLY)")
