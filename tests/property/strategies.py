@@ -78,6 +78,8 @@ SELECTOR_LABELS = {
     "nvidia.com/mps.capable": ("true", "false"),
     "kubernetes.io/os": ("linux",),
 }
+# hostPath volumes: host device nodes a pod could mount past the device plugin, and an ordinary directory.
+HOST_PATHS = ("/dev/nvidia0", "/dev/nvidiactl", "/dev", "/var/lib/data")
 TOLERATION_KEYS = (None, "gpu-stack.io/mps", "nvidia.com/gpu", "other")
 RUNTIME_CLASSES = (None, "nvidia", "runc", "nvidia-cdi")
 
@@ -224,12 +226,18 @@ def pod_spec(draw: st.DrawFn) -> dict[str, Any]:
     runtime = draw(st.sampled_from(RUNTIME_CLASSES))
     if runtime is not None:
         spec["runtimeClassName"] = runtime
-    host_ipc = draw(_optional(st.booleans()))
-    if host_ipc is not None:
-        spec["hostIPC"] = host_ipc
+    for host in ("hostIPC", "hostPID", "hostNetwork"):  # the host namespaces
+        shared = draw(_optional(st.booleans()))
+        if shared is not None:
+            spec[host] = shared
     fields = ("containers", "initContainers", "ephemeralContainers")
+    volumes = []
     if any("volumeMounts" in c for f in fields for c in spec.get(f, [])):
-        spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+        volumes.append({"name": "scratch", "emptyDir": {}})
+    if draw(st.integers(0, 3)) == 0:
+        volumes.append({"name": "host", "hostPath": {"path": draw(st.sampled_from(HOST_PATHS))}})
+    if volumes:
+        spec["volumes"] = volumes
     return spec
 
 
