@@ -56,14 +56,15 @@ def test_a_stale_file_and_a_left_over_one_are_caught_and_rewritten(
 
 def test_a_new_rule_module_is_in_every_list_of_rules_it_belongs_to(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lists of rule IDs in the docs, values.yaml and the schema come from the registry: a rule module
-    added (here a copy of GPU003 as GPU012: a CEL twin, reads claims, not mutating) appears in each."""
+    added (here a copy of GPU003 under the next free ID: a CEL twin, reads claims, not mutating) appears in each."""
     from gpu_stack_dev.generate import rule_lists  # noqa: PLC0415
     from gpu_stack_webhook.policy.rules import RULES  # noqa: PLC0415
 
     gpu003 = next(r for r in RULES if r.id == "GPU003")
-    monkeypatch.setattr(rule_lists, "RULES", (*RULES, dataclasses.replace(gpu003, id="GPU012")))
-    assert '"GPU011", "GPU012"]' in rule_lists.schema_enum(rule_lists.SCHEMA.read_text(encoding="utf-8"))
+    new = f"GPU{len(RULES) + 1:03}"
+    monkeypatch.setattr(rule_lists, "RULES", (*RULES, dataclasses.replace(gpu003, id=new)))
+    assert f'"{RULES[-1].id}", "{new}"]' in rule_lists.schema_enum(rule_lists.SCHEMA.read_text(encoding="utf-8"))
     wanted = {rule_lists.VALIDATED, rule_lists.UNRESOLVED}
     for item in rule_lists.LISTS:
         rendered = item.render(item.path.read_text(encoding="utf-8"))
-        assert ("GPU012" in rendered) is (item.what in wanted), (item.path, item.what)
+        assert (new in rendered) is (item.what in wanted), (item.path, item.what)
