@@ -78,8 +78,6 @@ SELECTOR_LABELS = {
     "nvidia.com/mps.capable": ("true", "false"),
     "kubernetes.io/os": ("linux",),
 }
-# hostPath volumes: host device nodes a pod could mount past the device plugin, and an ordinary directory.
-HOST_PATHS = ("/dev/nvidia0", "/dev/nvidiactl", "/dev", "/var/lib/data")
 TOLERATION_KEYS = (None, "gpu-stack.io/mps", "nvidia.com/gpu", "other")
 RUNTIME_CLASSES = (None, "nvidia", "runc", "nvidia-cdi")
 
@@ -226,18 +224,12 @@ def pod_spec(draw: st.DrawFn) -> dict[str, Any]:
     runtime = draw(st.sampled_from(RUNTIME_CLASSES))
     if runtime is not None:
         spec["runtimeClassName"] = runtime
-    for host in ("hostIPC", "hostPID", "hostNetwork"):  # the host namespaces
-        shared = draw(_optional(st.booleans()))
-        if shared is not None:
-            spec[host] = shared
+    host_ipc = draw(_optional(st.booleans()))
+    if host_ipc is not None:
+        spec["hostIPC"] = host_ipc
     fields = ("containers", "initContainers", "ephemeralContainers")
-    volumes = []
     if any("volumeMounts" in c for f in fields for c in spec.get(f, [])):
-        volumes.append({"name": "scratch", "emptyDir": {}})
-    if draw(st.integers(0, 3)) == 0:
-        volumes.append({"name": "host", "hostPath": {"path": draw(st.sampled_from(HOST_PATHS))}})
-    if volumes:
-        spec["volumes"] = volumes
+        spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
     return spec
 
 
