@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_stack_dev.chartlib import FULLNAME, find, one, overlays, render, run_helm, template_args
+from gpu_stack_webhook.cel import mutating, validating
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import parse_config
 
@@ -34,7 +35,7 @@ def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None
     # Not the DRA driver's ResourceSlice policy (templates/dra/, dra.enabled): it has no config variables.
     policies = [o for o in find(objects, "ValidatingAdmissionPolicy") + find(objects, "MutatingAdmissionPolicy")
                 if o["metadata"]["name"] != f"{FULLNAME}-dra-resourceslices"]
-    assert len(policies) == 5 + (0 if policy_only else 4)
+    assert len(policies) == len(validating.POLICIES) + (0 if policy_only else len(mutating.POLICIES))
     seen = set()
     for obj in policies:
         for variable in obj["spec"]["variables"]:
@@ -53,22 +54,27 @@ def test_both_modes_cel_render_no_webhook_at_all() -> None:
     assert _webhook_objects(objects) == []
     assert not find(objects, "ValidatingWebhookConfiguration") and not find(objects, "MutatingWebhookConfiguration")
     names = sorted(o["metadata"]["name"] for o in find(objects, "ValidatingAdmissionPolicy"))
-    assert names == [f"{FULLNAME}-gpu00{n}" for n in (1, 2, 3, 7, 9)]
-    # GPU009 judges the DRA claims themselves; the others Pods and workloads.
+    # One policy per rule with a CEL twin (policy/rules/), named by its ID.
+    assert names == [f"{FULLNAME}-{p.rule_id.lower()}" for p in validating.POLICIES]
+    # A "dra" twin (GPU009) judges the DRA claims themselves; the others Pods and workloads.
+    dra = {f"{FULLNAME}-{p.rule_id.lower()}" for p in validating.POLICIES if p.target == "dra"}
+    assert dra
     rules = {o["metadata"]["name"]: o["spec"]["matchConstraints"]["resourceRules"]
              for o in find(objects, "ValidatingAdmissionPolicy")}
-    assert rules[f"{FULLNAME}-gpu009"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                                            "operations": ["CREATE", "UPDATE"],
-                                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-    assert all(r[0]["resources"] == ["pods"] for n, r in rules.items() if n != f"{FULLNAME}-gpu009")
+    assert all(rules[n] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                             "operations": ["CREATE", "UPDATE"],
+                             "resources": ["resourceclaims", "resourceclaimtemplates"]}] for n in dra)
+    assert all(r[0]["resources"] == ["pods"] for n, r in rules.items() if n not in dra)
     assert sorted(o["spec"]["policyName"] for o in find(objects, "ValidatingAdmissionPolicyBinding")) == names
-    mutating = find(objects, "MutatingAdmissionPolicy")
-    assert sorted(o["metadata"]["name"] for o in mutating) == [f"{FULLNAME}-gpu00{n}-mutate" for n in (1, 6, 8, 9)]
-    gpu009 = one(objects, "MutatingAdmissionPolicy", f"{FULLNAME}-gpu009-mutate")
-    assert gpu009["spec"]["matchConstraints"]["resourceRules"] == [{
-        "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
-        "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-    assert {o["spec"]["reinvocationPolicy"] for o in mutating} == {"IfNeeded"}
+    mutations = find(objects, "MutatingAdmissionPolicy")
+    assert sorted(o["metadata"]["name"] for o in mutations) == [
+        f"{FULLNAME}-{p.rule_id.lower()}-mutate" for p in mutating.POLICIES]
+    for policy in (p for p in mutating.POLICIES if p.target == "dra"):
+        claims = one(objects, "MutatingAdmissionPolicy", f"{FULLNAME}-{policy.rule_id.lower()}-mutate")
+        assert claims["spec"]["matchConstraints"]["resourceRules"] == [{
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
+    assert {o["spec"]["reinvocationPolicy"] for o in mutations} == {"IfNeeded"}
 
 
 def test_bindings_skip_the_namespaces_the_webhook_skips_and_take_the_actions_value() -> None:

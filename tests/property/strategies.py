@@ -5,6 +5,9 @@ Pods are built to be valid against the strict Kubernetes JSON schema (kubernetes
 our patch. Field values are drawn from small pools that include the tricky spellings and names the
 rules care about (quantities "1" / 1 / "1000m" / "1e0", NVIDIA_VISIBLE_DEVICES via value, valueFrom
 and envFrom prefixes, device-list mount paths with `..` and `//`, CDI annotations, MPS selectors).
+
+A rule with a CEL twin is held to the pools: tests/property/test_rule_coverage.py fails while a field its
+module reads is never generated, or while it never denies (changes) some object and allows another.
 """
 
 from __future__ import annotations

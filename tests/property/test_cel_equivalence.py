@@ -1,7 +1,7 @@
 """The generated CEL policies decide like the Python rules (gpu_stack_webhook.cel, evaluated offline).
 
 - Validation: for any judged kind (CREATE, and UPDATE with an oldObject), under every test policy
-  config, the denial texts of the CEL ValidatingAdmissionPolicies (GPU001, GPU002, GPU003, GPU007)
+  config, the denial texts of the CEL ValidatingAdmissionPolicies (every rule module's CEL_VALIDATION)
   are exactly the Python rules' denial texts for those rules on /validate: same verdict, same messages.
 - Mutation: for a Pod being created, applying the MutatingAdmissionPolicies (limit fill, MPS injection,
   runtime class) gives the same pod as the webhook's /mutate patch. Where /mutate denies (GPU001's

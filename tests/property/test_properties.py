@@ -257,7 +257,6 @@ def test_mutation_never_adds_a_denial(pod: dict[str, Any], config: str) -> None:
 def test_rules_declared_not_mutating_never_change_a_pod_nor_deny_early(pod: dict[str, Any], config: str) -> None:
     """/mutate skips them (rules/__init__.py MUTATING): they must report nothing the mutating pass keeps."""
     counting.tick()
-    assert {r.id for r in NOT_MUTATING} == {"GPU002", "GPU003", "GPU004", "GPU005", "GPU007", "GPU010", "GPU011"}
     for rule in NOT_MUTATING:
         evaluation = _policy_of(config, rule.id).evaluate(pod, "Pod", can_patch=True)
         assert evaluation.patch == ()

@@ -7,16 +7,17 @@ same verdict. The rule
 tests (test_rules_*.py) pin each rule's details; this file is the security-facing list. A new
 bypass idea goes here first.
 
-Expectations: (endpoint, allowed, the rule that must be named in the denial or "" for allowed).
+Expectations: (endpoint, allowed, the rule that must be named in the denial or "" for allowed). A rule's
+own test file may list its cases as `BYPASSES` (tests/webhook/bypasslib.py): they run here too.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
+import importlib
 import json
-from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from gpu_stack_webhook.policy.config import PolicyConfig
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.app import AppConfig, create_app
 
+from .bypasslib import Attack, debug, ephemeral_update, gpu_main, template_update, with_env
 from .podlib import (
     GPU,
     claim_ref,
@@ -61,42 +63,6 @@ def _config(name: str) -> PolicyConfig:
 @cache
 def _client(name: str) -> FlaskClient:
     return create_app(AppConfig(policy=_config(name))).test_client()
-
-
-@dataclass(frozen=True)
-class Attack:
-    obj: dict[str, Any]
-    endpoint: str = "validate"
-    allowed: bool = False
-    rule: str = ""  # the rule ID the denial must name
-    config: str = "default"
-    review: dict[str, Any] = field(default_factory=dict)  # admission_review keyword arguments
-    patched: bool = False  # /mutate: a patch must come back
-
-
-def gpu_main(**kw: Any) -> dict[str, Any]:
-    return container("main", gpu=1, **kw)
-
-
-def with_env(*env: dict[str, Any]) -> dict[str, Any]:
-    return container("main", env=list(env))
-
-
-def debug(c: dict[str, Any]) -> dict[str, Any]:
-    """An ephemeral container as `kubectl debug` adds it (targetContainerName set)."""
-    return {**c, "name": "debugger", "targetContainerName": "main"}
-
-
-def ephemeral_update(base: dict[str, Any], added: dict[str, Any], **kw: Any) -> Attack:
-    """UPDATE pods/ephemeralcontainers (`kubectl debug`): the old pod plus one ephemeral container."""
-    new = copy.deepcopy(base)
-    new["spec"].setdefault("ephemeralContainers", []).append(added)
-    return Attack(new, review={"operation": "UPDATE", "old_object": base, "sub_resource": "ephemeralcontainers"},
-                  **kw)
-
-
-def template_update(kind: str, old_pod: dict[str, Any], new_pod: dict[str, Any], **kw: Any) -> Attack:
-    return Attack(wrap(new_pod, kind), review={"operation": "UPDATE", "old_object": wrap(old_pod, kind)}, **kw)
 
 
 CLEAN_GPU_POD = make_pod([gpu_main()])
@@ -328,6 +294,20 @@ CASES: dict[str, Attack] = {
                                          review={"operation": "UPDATE", "sub_resource": "status",
                                                  "old_object": make_pod([container("main")])}),
 }
+
+
+def _rule_files_cases() -> dict[str, Attack]:
+    """The ways around each rule that its own test file lists (tests/webhook/test_rules_*.py, BYPASSES)."""
+    found: dict[str, Attack] = {}
+    for path in sorted(Path(__file__).parent.glob("test_rules_*.py")):
+        module = importlib.import_module(f"{__package__}.{path.stem}")
+        for name, case in getattr(module, "BYPASSES", {}).items():
+            assert name not in CASES and name not in found, f"{path.name}: bypass case {name} twice"
+            found[name] = case
+    return found
+
+
+CASES.update(_rule_files_cases())
 
 
 def _judge(case: Attack) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def test_defaults() -> None:
     assert config.mps.inject_host_ipc is True
     # 2 objects x 6 (Go's \u003c escapes) x 1.5 MiB (etcd's request limit) + 1 MiB of envelope
     assert config.max_request_bytes == 2 * 6 * 1536 * 1024 + 1024 * 1024 == 19 * 1024 * 1024
-    assert {f"GPU{i:03}" for i in range(1, 12)} == RULE_IDS
+    # The rule IDs are GPU001 up to the number of rule modules: none twice, none skipped.
+    assert {f"GPU{i:03}" for i in range(1, len(RULE_IDS) + 1)} == RULE_IDS
     assert config.inject_runtime_class_name == ""
 
 

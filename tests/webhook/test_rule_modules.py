@@ -4,12 +4,15 @@ the reason it has none, and message templates that give the Python text and the 
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 from gpu_stack_webhook.cel import mutating, validating
 from gpu_stack_webhook.cel.runtime import evaluate
 from gpu_stack_webhook.policy.cel_twin import Literal, Message
 from gpu_stack_webhook.policy.rules import RULES, _rule
+
+RULES_DIR = Path(__file__).resolve().parents[2] / "webhook" / "src" / "gpu_stack_webhook" / "policy" / "rules"
 
 
 def test_a_module_without_a_cel_twin_or_a_reason_is_refused() -> None:
@@ -28,9 +31,18 @@ def test_every_rule_has_a_twin_or_says_why_not() -> None:
 
 
 def test_the_policies_are_the_rule_modules_twins_in_rule_order() -> None:
-    assert [p.rule_id for p in validating.POLICIES] == ["GPU001", "GPU002", "GPU003", "GPU007", "GPU009"]
-    assert [p.rule_id for p in mutating.POLICIES] == ["GPU001", "GPU006", "GPU008", "GPU009"]
-    assert all(p.name == r.name for r in RULES for p in (r.cel_validation, r.cel_mutation) if p is not None)
+    assert [p.rule_id for p in validating.POLICIES] == [r.id for r in RULES if r.cel_validation is not None]
+    assert [p.rule_id for p in mutating.POLICIES] == [r.id for r in RULES if r.cel_mutation is not None]
+    # A twin names its own rule: the policies' names and the denial texts say which rule they are.
+    assert all(p.rule_id == r.id and p.name == r.name
+               for r in RULES for p in (r.cel_validation, r.cel_mutation) if p is not None)
+
+
+def test_every_module_of_the_package_is_a_rule_in_id_order() -> None:
+    """policy/rules/ is the registry: each of its modules (but `_private` ones) is one rule, nothing to list."""
+    modules = sorted(p.stem for p in RULES_DIR.glob("*.py") if not p.name.startswith("_"))
+    assert sorted(r.check.__module__.rpartition(".")[2] for r in RULES) == modules
+    assert [r.id for r in RULES] == sorted(r.id for r in RULES)
 
 
 @pytest.mark.parametrize("template", [

@@ -15,7 +15,15 @@ from pathlib import Path
 from gpu_stack_webhook.cel import match_conditions, render
 
 from gpu_stack_dev import operator_cases
-from gpu_stack_dev.generate import cel_table, chart_security, env_table, overlay_table, rbac_table, values_table
+from gpu_stack_dev.generate import (
+    cel_table,
+    chart_security,
+    env_table,
+    overlay_table,
+    rbac_table,
+    rule_lists,
+    values_table,
+)
 from gpu_stack_dev.generate.monitoring import files
 from gpu_stack_dev.generate.paths import CHART, COMMAND, ROOT
 
@@ -55,10 +63,21 @@ def _monitoring() -> list[Generated]:
             for name, (source, text) in files.OUTPUTS.items()]
 
 
+def _rule_lists() -> list[Generated]:
+    """The lists of rule IDs in hand-written files (before the chart README's values table, which reads
+    values.yaml's comments)."""
+    source = "the rule modules (policy/rules/ RULES)"
+    return [Generated(rule_lists.SCHEMA, source, rule_lists.schema_enum, "webhook.policy.rules.disabled enum"),
+            Generated(ROOT / "docs" / "policy-rules.md", "the rule modules' ID, NAME and DOC", rule_lists.rules_table,
+                      rule_lists.RULES_TABLE),
+            *(Generated(item.path, source, item.render, item.what) for item in rule_lists.LISTS)]
+
+
 def generated() -> list[Generated]:
     """Every generated file (or section), in the order `make generate` writes them."""
     chart_readme = CHART / "README.md"
     return [
+        *_rule_lists(),
         Generated(CHART / "files" / "cel-policies.yaml", "the rule modules' CEL twins (policy/rules/)",
                   _whole(render.text)),
         Generated(CHART / "files" / "match-conditions.yaml", "the rule modules' SCOPE and policy/signals.py",

@@ -1,5 +1,5 @@
-"""The ValidatingAdmissionPolicies: the CEL_VALIDATION of every rule module that has one (GPU001, GPU002,
-GPU003, GPU007, GPU009), in RULES order.
+"""The ValidatingAdmissionPolicies: the CEL_VALIDATION of every rule module that has one, in RULES order
+(docs/cel-mode.md lists them).
 
 Each policy computes `variables.violations`, the list of the texts the Python rule's denials have
 (Finding.text: "GPU002 container \"main\" sets ... (spec.containers[0].env[0])"), and denies when it is

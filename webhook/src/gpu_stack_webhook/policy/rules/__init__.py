@@ -1,4 +1,7 @@
-"""The policy rules, listed explicitly. A rule is one module here plus one line in RULES below.
+"""The policy rules: every module of this package, in ID order (RULES). A rule is one module here, and
+nothing else to register: the webhooks, the CEL policies and the matchConditions read RULES, and every list of
+rules in the repository (docs, values.schema.json's enum, values.yaml's comments) is written from it by
+`make generate` (dev/src/gpu_stack_dev/generate/rule_lists.py).
 
 A rule module is the one place the rule is written: its Python check, its CEL twin, the signals it acts on
 and its message texts. The interface, all of it (policy/engine.py runs the checks; cel/ assembles the CEL
@@ -6,7 +9,8 @@ policies and the matchConditions from the modules; tests/property holds the two 
 
 - `ID` ("GPU009", stable: users disable rules and read audit annotations by it), `NAME` (kebab-case),
   and a docstring whose first line is "ID name: what it enforces" (the summary; the rest says why and
-  the exact scope).
+  the exact scope); `DOC`, what it enforces in full for users (markdown, its row of docs/policy-rules.md;
+  the summary when left out).
 - `SCOPE`, the signals (policy/signals.py) of the requests it can act on: outside them it returns no
   finding and changes nothing, because the API server is told not to call the webhook for such requests
   (the matchConditions are assembled from SCOPE and each signal's CEL).
@@ -41,6 +45,8 @@ policies and the matchConditions from the modules; tests/property holds the two 
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -51,19 +57,6 @@ from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
 from gpu_stack_webhook.policy.findings import Finding
 from gpu_stack_webhook.policy.pod import PodView
-from gpu_stack_webhook.policy.rules import (
-    device_bypass,
-    dra_claims,
-    gpu_limits,
-    mig_resources,
-    mps,
-    policy_source,
-    privileged,
-    runtime_class,
-    runtime_class_allocation,
-    shared_requests,
-    visible_devices,
-)
 from gpu_stack_webhook.policy.signals import Signal
 
 Check = Callable[[PodView, Context], Iterable[Finding]]
@@ -87,6 +80,8 @@ class Rule:
     cel_validation: CelValidation | None = None
     cel_mutation: CelMutation | None = None
     webhook_only: str = ""
+    # What it enforces, in full (module DOC, markdown): its row of docs/policy-rules.md.
+    doc: str = ""
 
 
 def _rule(module: ModuleType) -> Rule:
@@ -96,18 +91,22 @@ def _rule(module: ModuleType) -> Rule:
                 scope=frozenset(module.SCOPE), mutating=getattr(module, "MUTATING", True),
                 check_object=getattr(module, "check_object", None),
                 cel_validation=getattr(module, "CEL_VALIDATION", None),
-                cel_mutation=getattr(module, "CEL_MUTATION", None), webhook_only=getattr(module, "WEBHOOK_ONLY", ""))
+                cel_mutation=getattr(module, "CEL_MUTATION", None), webhook_only=getattr(module, "WEBHOOK_ONLY", ""),
+                doc=getattr(module, "DOC", "") or summary)
     if rule.cel_validation is None and rule.cel_mutation is None and not rule.webhook_only:
         raise ValueError(f"{module.__name__}: a rule has a CEL twin (CEL_VALIDATION, CEL_MUTATION) or says why "
                          "not (WEBHOOK_ONLY)")
     return rule
 
 
-RULES: tuple[Rule, ...] = tuple(
-    _rule(m)
-    for m in (gpu_limits, visible_devices, privileged, shared_requests, mig_resources, mps, device_bypass,
-              runtime_class, dra_claims, policy_source, runtime_class_allocation)
-)
+def _modules() -> list[ModuleType]:
+    """Every module of this package (compiled or not), imported at the package's own import."""
+    return [importlib.import_module(f"{__name__}.{info.name}")
+            for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")]
+
+
+# Every module of this package is a rule: RULES in ID order (the order the rules run and are listed in).
+RULES: tuple[Rule, ...] = tuple(sorted((_rule(m) for m in _modules()), key=lambda rule: rule.id))
 RULE_IDS: frozenset[str] = frozenset(r.id for r in RULES)
 
 

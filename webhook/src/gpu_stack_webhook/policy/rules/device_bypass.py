@@ -41,6 +41,12 @@ from gpu_stack_webhook.policy.signals import (
 
 ID = "GPU007"
 NAME = "no-device-requests-outside-plugin"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'no `cdi.k8s.io/*` pod annotations (every pod: the container engine reads them under any runtime) and no '
+    'volume mounts under `/var/run/nvidia-container-devices` (pods under the NVIDIA runtime, as GPU002): '
+    'both hand a container GPUs the device plugin never allocated'
+)
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.CDI_ANNOTATION, Signal.NVIDIA_RUNTIME)
 CDI_REQUEST = Message('annotation "{key}" requests CDI devices directly; request nvidia.com/gpu instead')

@@ -49,6 +49,17 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU009"
 NAME = "dra-gpu-claims"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'ResourceClaims and ResourceClaimTemplates (`resource.k8s.io/v1`, CREATE and UPDATE) whose request '
+    '(`exactly`, or any `firstAvailable` alternative) names a GPU DeviceClass: `allocationMode: All` only in '
+    '`dra.allocationModeAllNamespaces`, `adminAccess: true` only in `dra.adminAccessNamespaces`, a '
+    '`GpuConfig`/`MigDeviceConfig` sharing strategy only when `dra.sharingStrategies` lists it (the message '
+    'names `webhook.policy.dra.sharingStrategies`), an NVIDIA opaque config the driver could not read is '
+    'denied; an MPS config without `mpsConfig.defaultPinnedDeviceMemoryLimit` gets '
+    '`dra.mpsDefaultPinnedDeviceMemoryLimit` at /mutate (warning; no default configured: a warning). See '
+    '[dra.md](dra.md#what-the-policy-does-with-dra-pods-and-claims)'
+)
 SCOPE = (Signal.DRA_OBJECT,)
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = "the warning for an MPS claim without a memory limit"
@@ -203,7 +214,9 @@ _LIMIT_WANTED = (
     f"size({_PROBLEM}) == 0 && type(c.o) == map && c.o.?kind.orValue(null) in {_KINDS!r} && "
     f"c.o.?sharing.orValue(null) != null && c.o.sharing.strategy == '{MPS}' && "
     f"'{MPS}' in variables.draSharingStrategies && "
-    "c.o.sharing.?mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null"
+    # mpsConfig null (the driver reads it as absent): CEL selects no field of null, so test its type first.
+    "(type(c.o.sharing.?mpsConfig.orValue(null)) != map || "
+    "c.o.sharing.mpsConfig.?defaultPinnedDeviceMemoryLimit.orValue(null) == null)"
 )
 _POINTER = "'/' + c.p.replace('.', '/').replace('[', '/').replace(']', '') + '/sharing/mpsConfig'"
 _LIMIT_PATCH = (

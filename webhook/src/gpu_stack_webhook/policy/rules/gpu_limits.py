@@ -26,6 +26,13 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU001"
 NAME = "gpu-limits-equal-requests"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'every GPU resource (see [Which resources are GPUs](#which-resources-are-gpus)) has a whole-number limit '
+    'equal to its request (`Infinity`, `NaN` are no count). The mutating pass fills a missing limit from the '
+    'request (warning) and denies a mismatch or a fraction early, before Kubernetes rejects it with a terse '
+    'message'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 FRACTION_HINT = "GPUs are whole devices; to share one use time-slicing, MPS or MIG"
 NOT_WHOLE = Message(f"{{label}}: {{resource}} {{kind}} {{value}} is not a whole number; {FRACTION_HINT}")

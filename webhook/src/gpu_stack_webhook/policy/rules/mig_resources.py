@@ -16,6 +16,11 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU005"
 NAME = "mig-resource-exposed"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'no `nvidia.com/mig-*` request that no candidate node config exposes (only `migStrategy: mixed` does); '
+    'deny or warn'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("it judges a resource against every device plugin config the pod could land on, a split verdict is a "

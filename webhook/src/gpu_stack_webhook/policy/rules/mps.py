@@ -38,6 +38,12 @@ from gpu_stack_webhook.policy.signals import Signal, mps_selection
 
 ID = "GPU006"
 NAME = "mps-pod-injection"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'MPS pods (MPS-shared resource, MPS node selector/affinity, or the `gpu-stack.io/mps: "true"` '
+    'annotation) get `hostIPC: true` (switchable), the missing MPS tolerations, and for annotation opt-in '
+    'the MPS node selector — each change reported as a warning'
+)
 SCOPE = (Signal.GPU_POD, Signal.MPS_SELECTION)
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("the denials (Pod Security levels need a lookup; an opt-in whose nodeSelector excludes MPS nodes is "

@@ -22,6 +22,12 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU010"
 NAME = "policy-source-readable"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'with `webhook.policySource.mode` `gpu-operator` or `device-plugin` (the policy-only overlays), GPU pods '
+    'are denied while the live GPU configuration (the ClusterPolicy, the device plugin ConfigMap) cannot be '
+    'read or is not understood; the message names what is missing. See [gpu-operator.md](gpu-operator.md)'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("the live policy source (the GPU Operator's ClusterPolicy, the device plugin's ConfigMap) is read by "

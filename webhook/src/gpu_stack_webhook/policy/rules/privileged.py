@@ -63,6 +63,12 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU003"
 NAME = "no-privileged-gpu-containers"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'in a GPU pod (any container names a GPU resource, even with 0, or `runtimeClassName` is a GPU runtime '
+    'class): no `privileged: true` container of any kind, and no container adding `SYS_ADMIN` or `ALL` (any '
+    'case, with or without `CAP_`) unless it has a GPU of its own. See [GPU003 in detail](#gpu003-in-detail)'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = "a pod's claims (spec.resourceClaims: a lookup) and claims that cannot be read (dra.unresolvedClaims)"

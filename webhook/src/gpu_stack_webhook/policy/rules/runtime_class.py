@@ -20,6 +20,12 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU008"
 NAME = "gpu-runtime-class"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'with `injectRuntimeClassName` set (the chart sets it in its default runtime layout, where `nvidia` is '
+    "not the nodes' default runtime), a Pod being created that allocates a GPU and names no runtime class "
+    'gets `runtimeClassName: nvidia` (warning)'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = "the warning saying what was set"

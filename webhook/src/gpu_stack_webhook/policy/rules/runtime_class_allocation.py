@@ -30,6 +30,13 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU011"
 NAME = "gpu-runtime-needs-own-gpu"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'under a GPU runtime class, every container needs a GPU of its own where the toolkit honours '
+    "`NVIDIA_VISIBLE_DEVICES` from unprivileged containers (read from the ClusterPolicy's `toolkit.env`; "
+    'assumed beside the device-plugin chart, which leaves the toolkit at its default; never with this '
+    "chart's own layout). See [gpu-operator.md](gpu-operator.md)"
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("whether the toolkit accepts the image environment (envvarWhenUnprivileged) comes from the live "

@@ -16,6 +16,13 @@ from gpu_stack_webhook.policy.signals import Signal
 
 ID = "GPU004"
 NAME = "shared-gpu-single-request"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'no request above 1 for a time-sliced or MPS-shared resource whose config fails such requests '
+    '(`failRequestsGreaterThanOne`; for MPS unless explicitly `false`, as device plugin v0.20 does). Names '
+    'are read as the plugin reads them: `name: gpu` is `nvidia.com/gpu`, `renameByDefault` gives '
+    '`<name>.shared`, `rename` and `devices` are ignored by v0.20'
+)
 SCOPE = (Signal.GPU_POD,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("it judges a request against every device plugin config the pod could land on, a split verdict is a "

@@ -45,6 +45,14 @@ from gpu_stack_webhook.policy.signals import VISIBLE_DEVICES, Signal, reaches_nv
 
 ID = "GPU002"
 NAME = "no-nvidia-visible-devices"
+# The rule's row of docs/policy-rules.md (markdown; `make generate` writes the table).
+DOC = (
+    'no `NVIDIA_VISIBLE_DEVICES` in any pod that runs under the NVIDIA runtime: `env` (value or valueFrom), '
+    'or `envFrom` with a prefix that could produce it; `envFrom` without a prefix is a warning. Where the '
+    "NVIDIA runtime is the nodes' default (policy `nvidiaRuntimeIsDefault`: the chart's `default-runtime` "
+    'and `preinstalled` layouts) that is every pod; otherwise GPU pods only (a GPU resource or a GPU runtime '
+    'class): any other pod runs under runc, which reads no NVIDIA variable'
+)
 MUTATING = False  # denies and warns on /validate only (rules/__init__.py)
 SCOPE = (Signal.NVIDIA_RUNTIME,)
 # What stays webhook-only, and why (rules/__init__.py).
