@@ -23,7 +23,7 @@ from gpu_stack_dev.chartlib import (
 )
 
 # The chart's kubeVersion floor (Chart.yaml) and the newest schema kubernetes-validate ships.
-K8S_VERSIONS = ("1.29", "1.37")
+K8S_VERSIONS = ("1.32", "1.37")
 # Custom resources: their CRDs are not part of Kubernetes, so no schema exists for them here.
 CUSTOM_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
