@@ -15,7 +15,15 @@ from pathlib import Path
 from gpu_stack_webhook.cel import match_conditions, render
 
 from gpu_stack_dev import operator_cases
-from gpu_stack_dev.generate import cel_table, chart_security, env_table, overlay_table, rbac_table, values_table
+from gpu_stack_dev.generate import (
+    cel_table,
+    chart_security,
+    env_table,
+    overlay_table,
+    rbac_table,
+    support_table,
+    values_table,
+)
 from gpu_stack_dev.generate.monitoring import files
 from gpu_stack_dev.generate.paths import CHART, COMMAND, ROOT
 
@@ -71,6 +79,9 @@ def generated() -> list[Generated]:
         Generated(chart_readme, "the chart rendered with every overlay", chart_security.readme,
                   chart_security.SECTION),
         Generated(ROOT / "README.md", "the first lines of each overlay", overlay_table.readme, overlay_table.SECTION),
+        Generated(ROOT / "README.md", support_table.SOURCE, support_table.readme, support_table.SECTION),
+        Generated(ROOT / "docs" / "kubernetes-versions.md", support_table.SOURCE, support_table.readme,
+                  support_table.SECTION),
         Generated(ROOT / "docs" / "operations.md", "webhook settings.py", env_table.readme, env_table.SECTION),
         Generated(ROOT / "docs" / "gpu-operator.md", "gpu_stack_dev/operator_cases.py judged by the webhook",
                   operator_cases.readme, operator_cases.SECTION),
