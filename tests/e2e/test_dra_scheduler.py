@@ -16,8 +16,8 @@ import pytest
 import yaml
 from gpu_stack_dev.e2e.dra_fleet import DRIVER, DraFleet, DraNodeSpec, devices, slice_manifest
 from gpu_stack_dev.e2e.e2elib import CHART, E2ECluster, unique, values_args
-from gpu_stack_dev.paths import TEMPLATE_API_VERSIONS
 from gpu_stack_dev.e2e.fleet import delete_pods, wait_scheduled
+from gpu_stack_dev.paths import TEMPLATE_API_VERSIONS
 
 CUDA_IMAGE = "nvcr.io/nvidia/cuda:12.9.1-base-ubuntu24.04"
 WHOLE, MIG = "dra-whole", "dra-mig"
