@@ -115,5 +115,5 @@ def test_cel_modes_need_the_apis_served() -> None:
                       "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"])
     assert ok.ok, ok.stderr
     failed = run_helm(4, [*template_args(set_json={"webhook.mutation.mode": "cel"})])
-    assert not failed.ok and "MutatingAdmissionPolicy (Kubernetes >= 1.36)" in failed.stderr
+    assert not failed.ok and "MutatingAdmissionPolicy (Kubernetes >= 1.36; found Kubernetes v1." in failed.stderr
     assert not find(render(4).objects(), "ValidatingAdmissionPolicy")  # default: webhook only

@@ -214,10 +214,12 @@ def test_fail_messages_start_with_gpu_stack() -> None:
 
 def test_every_fail_check_has_a_triggering_case() -> None:
     # The cluster-prerequisite checks fire only when Helm talks to a cluster: make e2e triggers them.
+    from tests.chart.test_kubernetes_versions import MESSAGES as VERSION_CASES  # noqa: PLC0415
     from tests.e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
     from tests.e2e.test_prerequisites import NO_WEBHOOK_IMAGE  # noqa: PLC0415
 
     expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES] + [NO_WEBHOOK_IMAGE]
+    expected += list(VERSION_CASES)
     uncovered = []
     for path, message in _fail_messages():
         static = re.split(r"%[-+# 0-9.]*[a-zA-Z]", message, maxsplit=1)[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from gpu_stack_dev.chartlib import CHART, EXAMPLES, HELM_MAJORS, overlays, render, run_helm
+from gpu_stack_dev.paths import TEMPLATE_API_VERSIONS
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_every_overlay_is_in_the_package(package: Path) -> None:
 @pytest.mark.parametrize("helm", HELM_MAJORS)
 @pytest.mark.parametrize("overlay", [o for o in overlays() if o != "default"])
 def test_an_overlay_from_the_package_renders_like_the_documented_path(package: Path, helm: int, overlay: str) -> None:
-    from_package = run_helm(helm, ["template", "t", str(package), "--namespace", "gpu-stack",
+    from_package = run_helm(helm, ["template", "t", str(package), "--namespace", "gpu-stack", *TEMPLATE_API_VERSIONS,
                                    "-f", str(package / "examples" / overlay)])
     assert from_package.ok, from_package.stderr
     assert from_package.objects() == render(helm, overlay).objects()

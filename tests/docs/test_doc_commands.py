@@ -91,7 +91,8 @@ def test_python_modules_exist(command: Command) -> None:
 
 # What a Kubernetes 1.36 API server serves beyond Helm's defaults: the CEL admission policies (CEL mode).
 SERVED = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-          "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
+          "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+          "--api-versions", "resource.k8s.io/v1/DeviceClass")
 
 
 def is_released_chart(word: str) -> bool:

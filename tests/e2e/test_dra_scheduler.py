@@ -17,6 +17,7 @@ import yaml
 from gpu_stack_dev.e2e.dra_fleet import DRIVER, DraFleet, DraNodeSpec, devices, slice_manifest
 from gpu_stack_dev.e2e.e2elib import CHART, E2ECluster, unique, values_args
 from gpu_stack_dev.e2e.fleet import delete_pods, wait_scheduled
+from gpu_stack_dev.paths import TEMPLATE_API_VERSIONS
 
 CUDA_IMAGE = "nvcr.io/nvidia/cuda:12.9.1-base-ubuntu24.04"
 WHOLE, MIG = "dra-whole", "dra-mig"
@@ -24,7 +25,7 @@ SPECS = (DraNodeSpec(WHOLE, gpus=2), DraNodeSpec(MIG, gpus=1, mig={0: ("1g.5gb",
 
 
 def chart_objects(cluster: E2ECluster, namespace: str, *templates: str) -> list[dict[str, Any]]:
-    out = cluster.helm("template", "gpu-stack", str(CHART), "-n", namespace,
+    out = cluster.helm("template", "gpu-stack", str(CHART), "-n", namespace, *TEMPLATE_API_VERSIONS,
                        *values_args("dra.yaml", set_json={"webhook.image.repository": "registry.invalid/dra"}),
                        *(arg for t in templates for arg in ("--show-only", f"templates/dra/{t}"))).stdout
     return [d for d in yaml.safe_load_all(out) if d]

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from gpu_stack_dev.e2e.e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, Release, Releases, overlays, unique
 
+from .minors_results import record_session
+
 CRDS = Path(__file__).parent / "crds"
 NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io")
 # Overlay -> the stand-in CRDs it needs installed first, and the custom objects it then creates.
@@ -85,15 +87,18 @@ def assert_nothing_left(cluster: E2ECluster, release: Release, objects: list[tup
         time.sleep(1)
 
 
-def assert_pods_not_blocked(cluster: E2ECluster) -> None:
-    """With the webhook gone, even a pod it would deny is admitted (dry run: nothing is stored)."""
-    namespace = cluster.create_namespace()
+def assert_pods_not_blocked(cluster: E2ECluster, namespace: str = "") -> None:
+    """With the webhook gone, even a pod it would deny is admitted (dry run: nothing is stored); in `namespace`
+    when given (and kept), else in a fresh one."""
+    made = not namespace
+    namespace = namespace or cluster.create_namespace()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after-uninstall"},
            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}},
                                     "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
     proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod))
     assert proc.stdout.strip() == "pod/after-uninstall created (server dry run)"
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    if made:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def lifecycle(cluster: E2ECluster, releases: Releases, overlay: str, helm_major: int) -> dict[str, Any]:
@@ -134,6 +139,8 @@ def test_install_upgrade_uninstall_helm4(cluster: E2ECluster, releases: Releases
     seen = lifecycle(cluster, releases, overlay, helm_major=4)
     if needs:
         assert needs[1] <= seen["kinds"]
+    # the 1.36 column of the support table (tests/e2e/test_kubernetes_minors.py installs on 1.32 and 1.34)
+    record_session(cluster, f"install {overlay}", "yes")
     if overlay in MIG_OVERLAYS:
         assert "NodeFeatureRule" in seen["kinds"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT
+from gpu_stack_dev.paths import CHART, EXAMPLES, ROOT, TEMPLATE_API_VERSIONS
 
 RELEASE = "t"
 NAMESPACE = "gpu-stack"
@@ -93,8 +93,9 @@ def run_helm(major: int, args: Iterable[str], timeout: float = 120) -> Render:
 
 
 def template_args(overlay: str = "default", set_json: Mapping[str, Any] | None = None, namespace: str = NAMESPACE,
-                  values_files: Iterable[str] = ()) -> list[str]:
-    args = ["template", RELEASE, str(CHART), "--namespace", namespace, *_overlay_args(overlay)]
+                  values_files: Iterable[str] = (), api_versions: Iterable[str] = TEMPLATE_API_VERSIONS) -> list[str]:
+    """`api_versions`: the --api-versions flags (default: a cluster that serves DRA, paths.TEMPLATE_API_VERSIONS)."""
+    args = ["template", RELEASE, str(CHART), "--namespace", namespace, *api_versions, *_overlay_args(overlay)]
     for f in values_files:
         args += ["-f", f]
     for key, value in (set_json or {}).items():

@@ -10,3 +10,7 @@ CHART = ROOT / "charts" / "gpu-stack"
 EXAMPLES = ROOT / "Chart-values-examples"
 HACK = ROOT / "hack"
 BENCH = ROOT / "bench"
+# `helm template` here renders as for a cluster that serves DRA's resource.k8s.io/v1 (Kubernetes >= 1.34):
+# without it the chart refuses dra.enabled (templates/validate.yaml; Helm's default API list names no kinds).
+# Checks that are about an older cluster render without it (tests/chart/test_kubernetes_versions.py).
+TEMPLATE_API_VERSIONS = ("--api-versions", "resource.k8s.io/v1/DeviceClass")

@@ -30,6 +30,21 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
 {{- if or $root.Values.webhook.cel.assumeServed ($root.Capabilities.APIVersions.Has (printf "admissionregistration.k8s.io/v1/%s" .kind)) }}true{{ end }}
 {{- end }}
 
+{{/* What Helm's Capabilities say the cluster serves of one kind (dict "root" "group" "kind" "versions"): e.g.
+"Kubernetes v1.34.9, which serves admissionregistration.k8s.io MutatingAdmissionPolicy only as v1beta1, which the chart does not use", or
+"... serves no resource.k8s.io DeviceClass" (`gpu-stack:` messages of validate.yaml: the version found). */}}
+{{- define "gpu-stack.api.found" -}}
+{{- $root := .root }}
+{{- $group := .group }}
+{{- $kind := .kind }}
+{{- $served := list }}
+{{- range $v := .versions }}
+{{- if $root.Capabilities.APIVersions.Has (printf "%s/%s/%s" $group $v $kind) }}{{ $served = append $served $v }}{{ end }}
+{{- end }}
+{{- printf "Kubernetes %s, which serves " $root.Capabilities.KubeVersion.Version }}
+{{- if $served }}{{ printf "%s %s only as %s, which the chart does not use" $group $kind (join ", " $served) }}{{ else }}{{ printf "no %s %s" $group $kind }}{{ end }}
+{{- end }}
+
 {{/* The config variables as a YAML map name -> value (gpu_stack_webhook.cel.library.config_values). */}}
 {{- define "gpu-stack.cel.configValues" -}}
 {{- $policy := include "gpu-stack.webhook.policy" . | fromYaml }}

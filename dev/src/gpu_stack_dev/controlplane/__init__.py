@@ -45,19 +45,21 @@ from pathlib import Path
 
 from gpu_stack_dev.controlplane.base import (
     ASSET_BINARIES,
+    OLDER_MINORS,
     PLANE_BINARIES,
     SERVICE_CIDR,
     Cluster,
     ControlPlaneError,
     free_port,
+    minor_assets,
     resolve_assets,
     stop_process,
 )
 from gpu_stack_dev.controlplane.plane import ControlPlane
 from gpu_stack_dev.paths import ROOT
 
-__all__ = ["ASSET_BINARIES", "PLANE_BINARIES", "SERVICE_CIDR", "Cluster", "ControlPlane", "ControlPlaneError",
-           "connect", "free_port", "main", "resolve_assets", "stop_process"]
+__all__ = ["ASSET_BINARIES", "OLDER_MINORS", "PLANE_BINARIES", "SERVICE_CIDR", "Cluster", "ControlPlane",
+           "ControlPlaneError", "connect", "free_port", "main", "minor_assets", "resolve_assets", "stop_process"]
 
 
 @contextlib.contextmanager

@@ -69,6 +69,23 @@ def resolve_assets(prepare: bool = False) -> Path | None:
     return None
 
 
+# The older minors hack/envtest-assets.sh --minor prepares (../shared/envtest/v1.32, v1.34): their API server and
+# controller manager, the same etcd, and the kubectl and Helm their users have. 1.36 is the default set.
+OLDER_MINORS = ("1.32", "1.34")
+
+
+def minor_assets(minor: str) -> Path:
+    """The assets directory of an older minor's plane (no scheduler: ControlPlane(..., scheduler=False)); made
+    from ../shared/envtest/v<minor> on first use. ControlPlaneError when that source is missing."""
+    if minor not in OLDER_MINORS:
+        raise ControlPlaneError(f"no older minor {minor} (one of {', '.join(OLDER_MINORS)})")
+    out = subprocess.run([str(ROOT / "hack" / "envtest-assets.sh"), "--minor", minor], capture_output=True, text=True,
+                         check=False)
+    if out.returncode != 0:
+        raise ControlPlaneError(f"hack/envtest-assets.sh --minor {minor} failed:\n{out.stderr.strip()[-2000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def remove_orphaned_workdirs() -> None:
     """Temp dirs of planes whose Python process was SIGKILLed (its children died with it, the dir stayed)."""
     for directory in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):

@@ -34,11 +34,14 @@ from gpu_stack_dev.controlplane.pki import Pki, write_kubeconfig, write_pki
 
 
 class ControlPlane:
-    def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None) -> None:
+    def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None, scheduler: bool = True) -> None:
         """`node_ip`: serve a real node too (gpu_stack_dev.node): the API server also listens on that address,
         advertises it as the `kubernetes` Service's endpoint (pods reach it through kube-proxy), and calls
-        kubelets at their InternalIP (`kubectl logs`, `exec`)."""
+        kubelets at their InternalIP (`kubectl logs`, `exec`). `scheduler=False`: no kube-scheduler (an older
+        minor's plane, base.minor_assets: the v1.36.2 scheduler must not run against an older API server), so
+        pods stay Pending."""
         self.assets = assets
+        self.scheduler = scheduler
         self.keep = keep
         self.node_ip = node_ip
         self.workdir: Path | None = None
@@ -185,6 +188,8 @@ class ControlPlane:
                    lambda: http_ok(f"{server}/api/v1/namespaces/default/serviceaccounts/default", client),
                    ("etcd", "kube-apiserver", "kube-controller-manager"))
 
+        if not self.scheduler:
+            return self._cluster(kubeconfig, server, pki)
         scheduler_port = free_port()
         scheduler_kubeconfig = write_kubeconfig(self.workdir / "scheduler.kubeconfig", server, pki.ca_cert,
                                                 pki.scheduler_cert, pki.scheduler_key, user="system:kube-scheduler")
@@ -199,6 +204,10 @@ class ControlPlane:
         self._wait("kube-scheduler /healthz",
                    lambda: http_ok(f"https://127.0.0.1:{scheduler_port}/healthz", unverified_context()),
                    PLANE_BINARIES)
+        return self._cluster(kubeconfig, server, pki)
+
+    def _cluster(self, kubeconfig: Path, server: str, pki: Pki) -> Cluster:
+        assert self.workdir is not None
         kubectl = self.assets / "kubectl"
         helm = self.assets / "helm"
         return Cluster(kind="envtest", kubeconfig=kubeconfig, server=server, workdir=self.workdir, pki=pki,

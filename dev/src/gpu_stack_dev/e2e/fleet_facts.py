@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gpu_stack_dev.paths import CHART
+from gpu_stack_dev.paths import CHART, TEMPLATE_API_VERSIONS
 
 from .e2elib import values_args
 
@@ -153,7 +153,8 @@ class ChartSharing:
         """`helm` is E2ECluster.helm (Helm 4); the overlay a file name in Chart-values-examples/ or "default";
         `set_json` as the install's (use the same values as the release the fleet stands beside)."""
         values = {"webhook.image.repository": "registry.invalid/fleet", **(set_json or {})}
-        out = helm("template", "fleet", str(CHART), "-n", namespace, *values_args(overlay, set_json=values)).stdout
+        out = helm("template", "fleet", str(CHART), "-n", namespace, *TEMPLATE_API_VERSIONS,
+                   *values_args(overlay, set_json=values)).stdout
         return cls.from_objects(d for d in yaml.safe_load_all(out) if d)
 
 

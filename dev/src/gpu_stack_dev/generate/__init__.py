@@ -22,6 +22,7 @@ from gpu_stack_dev.generate import (
     overlay_table,
     rbac_table,
     rule_lists,
+    support_table,
     values_table,
 )
 from gpu_stack_dev.generate.monitoring import files
@@ -90,6 +91,9 @@ def generated() -> list[Generated]:
         Generated(chart_readme, "the chart rendered with every overlay", chart_security.readme,
                   chart_security.SECTION),
         Generated(ROOT / "README.md", "the first lines of each overlay", overlay_table.readme, overlay_table.SECTION),
+        Generated(ROOT / "README.md", support_table.SOURCE, support_table.readme, support_table.SECTION),
+        Generated(ROOT / "docs" / "kubernetes-versions.md", support_table.SOURCE, support_table.readme,
+                  support_table.SECTION),
         Generated(ROOT / "docs" / "operations.md", "webhook settings.py", env_table.readme, env_table.SECTION),
         Generated(ROOT / "docs" / "gpu-operator.md", "gpu_stack_dev/operator_cases.py hand-written expectations",
                   operator_cases.readme, operator_cases.SECTION),

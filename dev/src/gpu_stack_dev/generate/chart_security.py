@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpu_stack_dev.generate.paths import CHART, EXAMPLES, helm, with_section
+from gpu_stack_dev.generate.paths import CHART, EXAMPLES, TEMPLATE_API_VERSIONS, helm, with_section
 
 SECTION = "security-table"
 RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"
@@ -61,7 +61,7 @@ def scenarios() -> dict[str, list[str]]:
 
 
 def render(binary: str, args: list[str]) -> str:
-    cmd = [binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args]
+    cmd = [binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *TEMPLATE_API_VERSIONS, *args]
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from gpu_stack_dev.paths import TEMPLATE_API_VERSIONS
+
 # dev/src/gpu_stack_dev/generate/paths.py: the checkout is four directories up (the package is installed
 # editable, so this is the checkout's own file).
 ROOT = Path(__file__).resolve().parents[4]
 CHART = ROOT / "charts" / "gpu-stack"
 EXAMPLES = ROOT / "Chart-values-examples"
 COMMAND = "make generate"
+__all__ = ["CHART", "COMMAND", "EXAMPLES", "ROOT", "TEMPLATE_API_VERSIONS", "helm", "markers", "with_section"]
 
 
 def helm() -> str:

@@ -12,14 +12,14 @@ from typing import Any
 
 import yaml
 
-from gpu_stack_dev.generate.paths import CHART, EXAMPLES, helm, with_section
+from gpu_stack_dev.generate.paths import CHART, EXAMPLES, TEMPLATE_API_VERSIONS, helm, with_section
 
 SECTION = "rbac-table"
 RELEASE, NAMESPACE = "gpu-stack", "gpu-stack"
 
 
 def rendered(binary: str, overlay: Path | None) -> list[dict[str, Any]]:
-    args = [binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args = [binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *TEMPLATE_API_VERSIONS]
     if overlay:
         args += ["-f", str(overlay)]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout

@@ -65,6 +65,21 @@ class ApiUnavailable(KubeError):
     """No answer (connection refused, timeout, TLS failure) or a 5xx."""
 
 
+class NotServed(KubeError):
+    """404 without a NotFound Status: the API server does not serve that group/version at all (its "404 page
+    not found"), as resource.k8s.io/v1 before Kubernetes 1.34 or with DRA switched off; not a missing object.
+    Asking again does not help: the caller says the rule cannot be applied (kube/lookups.py)."""
+
+
+def object_not_found(body: bytes | str | None) -> bool:
+    """True for the metav1.Status a served resource answers a missing object with (reason NotFound)."""
+    try:
+        parsed = json.loads(body or b"")
+    except ValueError:
+        return False
+    return isinstance(parsed, Mapping) and parsed.get("kind") == "Status" and parsed.get("reason") == "NotFound"
+
+
 _BY_REASON: dict[str, type[KubeError]] = {
     "AlreadyExists": AlreadyExists,
     "Conflict": Conflict,
@@ -170,9 +185,12 @@ class KubernetesClientApi:
         """In-cluster config (the pod's ServiceAccount), or a kubeconfig file when one is given."""
         return cls(api_client(kubeconfig, in_cluster_first=True), timeout)
 
-    def read_raw(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> bytes | None:
+    def read_raw(self, method: Any, *args: Any, not_found_is_none: bool = True, served: str = "",
+                 **kwargs: Any) -> bytes | None:
         """The body of one call of a `kubernetes` API method (of `core`, `admission`, `resource`, `custom`),
-        as the server sent it: None for 404 (when `not_found_is_none`), a KubeError for any other failure."""
+        as the server sent it: None for 404 (when `not_found_is_none`), a KubeError for any other failure.
+        `served` (e.g. "resource.k8s.io/v1 resourceclaims"): an API that may not be served; a 404 that is not
+        an object's NotFound is NotServed naming it."""
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
         from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
@@ -180,14 +198,16 @@ class KubernetesClientApi:
             response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
             return bytes(response.data)
         except ApiException as exc:
+            if exc.status == 404 and served and not object_not_found(exc.body):
+                raise NotServed(404, "NotServed", f"the API server does not serve {served}") from None
             if exc.status == 404 and not_found_is_none:
                 return None
             raise error_from_status(int(exc.status or 0), exc.body) from None
         except (HTTPError, OSError) as exc:
             raise ApiUnavailable(0, "Unreachable", f"{type(exc).__name__}: {exc}") from None
 
-    def _call(self, method: Any, *args: Any, not_found_is_none: bool = True, **kwargs: Any) -> Any:
-        raw = self.read_raw(method, *args, not_found_is_none=not_found_is_none, **kwargs)
+    def _call(self, method: Any, *args: Any, not_found_is_none: bool = True, served: str = "", **kwargs: Any) -> Any:
+        raw = self.read_raw(method, *args, not_found_is_none=not_found_is_none, served=served, **kwargs)
         return None if raw is None else json.loads(raw)
 
     def read_secret(self, namespace: str, name: str) -> SecretObject | None:
@@ -257,11 +277,13 @@ class KubernetesClientApi:
         return None if body is None else dict((body.get("metadata") or {}).get("labels") or {})
 
     def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        body = self._call(self.resource.read_namespaced_resource_claim, name, namespace)
+        body = self._call(self.resource.read_namespaced_resource_claim, name, namespace,
+                          served="resource.k8s.io/v1 resourceclaims")
         return body if isinstance(body, dict) else None
 
     def read_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        body = self._call(self.resource.read_namespaced_resource_claim_template, name, namespace)
+        body = self._call(self.resource.read_namespaced_resource_claim_template, name, namespace,
+                          served="resource.k8s.io/v1 resourceclaimtemplates")
         return body if isinstance(body, dict) else None
 
     def read_configmap(self, namespace: str, name: str) -> frozenset[str] | None:

@@ -6,13 +6,16 @@ request timeout; when the API cannot be asked the fact is unknown with a note fo
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError
+from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError, NotServed
 from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact, OfflineFacts
+
+log = logging.getLogger("gpu_stack_webhook.kube.lookups")
 
 
 class TtlCache:
@@ -53,6 +56,7 @@ class ApiFacts:
         self.ttl = ttl
         self.error_ttl = error_ttl
         self.cache = TtlCache(clock)
+        self.not_served: set[str] = set()  # what was logged as not served (once per API, not per request)
 
     def _cached(self, key: Hashable, what: str, ask: Callable[[], Any]) -> Fact[Any]:
         found = self.cache.get(key)
@@ -63,6 +67,13 @@ class ApiFacts:
             ttl = self.ttl
         except Forbidden:
             fact, ttl = Fact(note=f"no permission to read {what}"), self.ttl
+        except NotServed as exc:
+            # Not retried sooner than a found object: the server's version does not change within a TTL.
+            fact, ttl = Fact(note=f"{exc.message}, so the rule cannot read {what}"), self.ttl
+            if what not in self.not_served:
+                self.not_served.add(what)
+                log.warning("%s: the rules that read %s cannot be applied on this API server", exc.message, what,
+                            extra={"event": "api-not-served", "resource": what})
         except ApiUnavailable:
             fact, ttl = Fact(note="API unreachable"), self.error_ttl
         except KubeError as exc:
