@@ -11,7 +11,6 @@ it looks for at the fixed container path /mps)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
