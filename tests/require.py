@@ -26,8 +26,3 @@ def skip_or_fail(reason: str) -> NoReturn:
         pytest.fail(f"{REQUIRE_REAL}=1 and this test's real part cannot run here: {reason}", pytrace=False)
     pytest.skip(reason)
 
-
-def root_or_skip(what: str) -> None:
-    """`what` needs root (a mount namespace of its own): skip-or-fail elsewhere."""
-    if os.geteuid() != 0:
-        skip_or_fail(f"{what} needs root (a mount namespace of its own, `unshare -m`)")
