@@ -78,6 +78,7 @@ def _shadow(parent: Path) -> None:
                 target.mkdir() if entry.is_dir() else target.touch()
                 _mount("--rbind", str(entry), str(target))
             _mount("--move", str(staging), str(parent))
+            _mount("--make-shared", str(parent))
         except BaseException:
             subprocess.run(["umount", "-l", str(staging)], check=False, capture_output=True)
             raise
@@ -89,13 +90,16 @@ def private_paths(paths: tuple[str, ...] = HOST_PATHS) -> None:
     """An empty directory of this mount namespace's own at each of `paths`, in a process that `run` started
     (inside(): its mount namespace is private), and nothing created on the machine's filesystem: a tmpfs over a
     path that exists; for one that does not, its nearest existing parent is shadowed (_shadow) and the path made
-    in the shadow."""
+    in the shadow. Each tmpfs is a shared mount, as a GPU node's systemd makes every mount: containerd refuses a
+    HostToContainer volume (the toolkit's /run/nvidia/validations) from a private one (`is mounted on "/run/nvidia"
+    but it is not a shared or slave mount`)."""
     if not inside():
         raise RuntimeError("private host paths only in a mount namespace of this run's own (hack/netns.py run)")
     absent: dict[Path, list[Path]] = {}
     for path in map(Path, paths):
         if path.is_dir() and not path.is_symlink():
             _mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(path))
+            _mount("--make-shared", str(path))
             continue
         parent = path.parent
         while not parent.is_dir():
