@@ -98,6 +98,8 @@ def private_paths(paths: tuple[str, ...] = HOST_PATHS) -> None:
     absent: dict[Path, list[Path]] = {}
     for path in map(Path, paths):
         if path.is_dir() and not path.is_symlink():
+            if os.path.ismount(path):  # hack/fresh-host.sh's tmpfs, made private by `run`: containerd reads that one
+                _mount("--make-shared", str(path))
             _mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(path))
             _mount("--make-shared", str(path))
             continue
@@ -106,6 +108,8 @@ def private_paths(paths: tuple[str, ...] = HOST_PATHS) -> None:
             parent = parent.parent
         absent.setdefault(parent, []).append(path)
     for parent, under in absent.items():
+        if os.path.ismount(parent):
+            _mount("--make-shared", str(parent))
         _shadow(parent)
         for path in under:
             path.mkdir(parents=True, exist_ok=True)
