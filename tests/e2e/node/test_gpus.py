@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 from gpu_stack_dev.e2e.e2elib import unique
 
+from tests.require import skip_or_fail
+
 from .standin import StandIn, apply_pod, gpu_resources, scratch_namespace, wait_for
 
 # (overlay, GPU model, GPUs): measured on a kubelet v1.36.2 node, capacity == allocatable == the fleet's.
@@ -45,7 +47,7 @@ def node(request: pytest.FixtureRequest) -> Any:
     try:
         return request.getfixturevalue("real_node")
     except pytest.FixtureLookupError:
-        pytest.skip("needs the real_node fixture (a kubelet + containerd node)")
+        skip_or_fail("needs the real_node fixture (a kubelet + containerd node)")
 
 
 @pytest.fixture

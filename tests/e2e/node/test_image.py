@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 
 from gpu_stack_dev.e2e.node_install import IMAGE, IMAGE_ARCHIVE
 
-from .conftest import skip_or_fail
+from tests.require import skip_or_fail
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 COMPILERS = ("usr/bin/gcc", "usr/bin/cc", "usr/bin/x86_64-linux-gnu-gcc-12", "usr/bin/c++", "usr/bin/clang")

@@ -154,14 +154,6 @@ def lay_out(root: Path, profile: str, gpus: int | None = None) -> MockGpus:
     return MockGpus(root, profile, product, uuids, memory)
 
 
-def stand_in_proc_modules(root: Path) -> Path:
-    """<root>/proc/modules with the line the host kernel shows once the nvidia module is loaded; the node's
-    nvidia handler binds it over /proc/modules in containers given GPUs (hack/node/nvidia-runtime-standin)."""
-    modules = root / "proc" / "modules"
-    modules.write_text("nvidia 104071168 0 - Live 0x0000000000000000 (POE)\n")
-    return modules
-
-
 def values(root: Path) -> dict[str, object]:
     """Chart values a user of a node with this preinstalled (mock) driver sets: the driver root, and the device
     plugin's dev root (with passDeviceSpecs it hands the kubelet <dev root>/dev/nvidiaN, which containerd
