@@ -145,7 +145,8 @@ def test_deployment_basics() -> None:
     # self-managed TLS (the default) and cluster lookups: the webhook is told its Secret, Service and configurations
     assert container["command"] + container["args"] == [
         "gpu-stack-webhook", "serve", "--config", "/etc/gpu-stack/policy/policy.yaml", *SELF_MANAGED_ARGS,
-        "--cluster-lookups", "--runtime-classes", "live", "--policy-source-interval", "2s", "--policy-source-keep", "10s", "--bind", "0.0.0.0:8443"]
+        "--cluster-lookups", "--runtime-classes", "live", "--policy-source-interval", "2s",
+        "--policy-source-keep", "10s", "--bind", "0.0.0.0:8443"]
     assert {"name": "GPU_STACK_WEBHOOK_CONFIG", "value": "/etc/gpu-stack/policy/policy.yaml"} in container["env"]
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}

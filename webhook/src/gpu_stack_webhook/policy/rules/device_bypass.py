@@ -45,7 +45,8 @@ NAME = "no-device-requests-outside-plugin"
 DOC = (
     'no `cdi.k8s.io/*` pod annotations (every pod: the container engine reads them under any runtime), no '
     '`nvidia.cdi.k8s.io/` annotations (`/container.<name>`, `/pod`, the bare key: the toolkit\'s NRI plugin '
-    'reads them once it is switched on, whatever the ClusterPolicy says now) on any pod but the GPU Operator\'s, and no '
+    'reads them once it is switched on, whatever the ClusterPolicy says now) on any pod but the GPU '
+    'Operator\'s, and no '
     'volume mounts under `/var/run/nvidia-container-devices` (pods under the NVIDIA runtime, as GPU002): '
     'both hand a container GPUs the device plugin never allocated'
 )
