@@ -148,7 +148,12 @@ def test_cel_only_install_needs_no_webhook_image(cluster: E2ECluster, releases: 
 
 def test_cel_mode_refuses_bad_manifests_with_the_rules_messages_and_admits_good_ones(
         cluster: E2ECluster, releases: Releases) -> None:
-    namespace = _install_cel(cluster, releases)
+    assert_cel_verdicts(cluster, _install_cel(cluster, releases))
+
+
+def assert_cel_verdicts(cluster: E2ECluster, namespace: str) -> None:
+    """Every BAD manifest refused by its ValidatingAdmissionPolicy with the rule's message, every GOOD one admitted
+    (tests/e2e/test_kubernetes_minors.py asks the same of each minor)."""
     for case, (manifest, message) in BAD.items():
         _wait_refused(cluster, namespace, manifest)
         proc = _apply(cluster, namespace, manifest)

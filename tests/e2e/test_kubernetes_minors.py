@@ -49,7 +49,7 @@ from tests.require import skip_or_fail
 
 from . import minors_results
 from .inspect_api import api_client, apply_configmap, create_all, inspect
-from .test_cel_policies import BAD, GOOD, _apply, _wait_enforced, _wait_refused
+from .test_cel_policies import _apply, _wait_enforced, assert_cel_verdicts
 from .test_install import STANDINS, apply_crds, assert_nothing_left, assert_pods_not_blocked, manifest_objects, present
 from .test_prerequisites import assert_stopped_with
 from .test_upgrade_rollouts import NEEDS_CRDS, changed, workloads
@@ -210,13 +210,7 @@ def test_cel_validation(minor: Minor, releases_on: Releases, tmp_path: Path) -> 
     try:
         hook.start(release)
         _wait_enforced(cluster, namespace)
-        for case, (manifest, message) in BAD.items():
-            _wait_refused(cluster, namespace, manifest)
-            proc = _apply(cluster, namespace, manifest)
-            assert proc.returncode == 1, (case, proc.stdout)
-            assert "ValidatingAdmissionPolicy" in proc.stderr and message in proc.stderr, (case, proc.stderr)
-        for case, manifest in GOOD.items():
-            assert _apply(cluster, namespace, manifest).returncode == 0, case
+        assert_cel_verdicts(cluster, namespace)
     finally:
         hook.stop()
     record(minor, "CEL validation", "yes")
