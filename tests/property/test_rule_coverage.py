@@ -28,7 +28,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from gpu_stack_webhook.policy.rules import RULES, Rule
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from .strategies import API, claims, wrap
 from .test_cel_equivalence import _policy, cel_denials, cel_mutated, config_names, gpu_pods, python_denials
@@ -143,6 +143,11 @@ def test_every_validation_twin_denies_and_allows_a_generated_object_of_each_kind
     assert not never, f"{', '.join(never)} {_advice(kind)}"
 
 
+PLAIN_GPU_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "gpu-demo"},
+                 "spec": {"containers": [{"name": "main", "image": "cuda:12",
+                                          "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
 def test_every_mutation_twin_changes_and_leaves_alone_a_generated_pod() -> None:
     """Each pod under every config: a mutation is often config-bound (GPU008 needs injectRuntimeClassName)."""
     rules = tuple(r for r in TWINNED if r.cel_mutation is not None and _target(r) == "pods")
@@ -150,6 +155,10 @@ def test_every_mutation_twin_changes_and_leaves_alone_a_generated_pod() -> None:
 
     @settings(SAMPLE, max_examples=40)
     @given(pod=gpu_pods())
+    # A one-GPU pod with no runtime class, which no rule denies early: GPU008 changes it under `runtime-class`.
+    # Few generated pods are that plain (about 1 in 100), and which ones the derandomized sample draws is not
+    # the same in every run of the whole suite, so without it the test failed in one `make test` and not alone.
+    @example(pod=PLAIN_GPU_POD)
     def mutate(pod: dict[str, Any]) -> None:
         for config in CONFIGS:
             evaluation = _policy(config).evaluate(pod, "Pod", can_patch=True)

@@ -31,7 +31,8 @@ from gpu_stack_webhook.kube.lookups import ApiFacts, OwnerFacts
 from gpu_stack_webhook.policy.config import PolicyConfig, RuntimeClasses
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
-from gpu_stack_webhook.policy.live import SourceError, operator_policy, read_cluster_policy
+from gpu_stack_webhook.policy.live import operator_policy, read_cluster_policy
+from gpu_stack_webhook.policy.plugin_inputs import SourceError
 
 from .kube_fake import FakeKube
 from .podlib import container, make_pod, review, wrap

@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 from gpu_stack_webhook.kube.client import Forbidden, KubeApi, KubeError
 from gpu_stack_webhook.policy.config import GpuOperatorIdentity, PolicyConfig, RuntimeClasses
 from gpu_stack_webhook.policy.live import (
-    SourceError,
     device_plugin_policy,
     operator_policy,
     read_cluster_policy,
     unavailable_policy,
 )
+from gpu_stack_webhook.policy.plugin_inputs import SourceError
 
 log = logging.getLogger("gpu_stack_webhook.kube.live")
 T = TypeVar("T")

@@ -35,9 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, parse_config
+from gpu_stack_webhook.policy.plugin_inputs import SourceError, plugin_config_files, plugin_flags
 
 CLUSTER_POLICY_API_VERSION = "nvidia.com/v1"
 CLUSTER_POLICY_KIND = "ClusterPolicy"
@@ -52,10 +51,6 @@ NODE_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 EMPTY_CONFIG = "(built-in)"
 DEFAULT_RUNTIME_CLASS = "nvidia"
 _HANDLER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-class SourceError(Exception):
-    """The live configuration cannot be used; the message names what is missing or refused."""
 
 
 @dataclass(frozen=True)
@@ -235,57 +230,6 @@ def _settings(name: str, version: str, obj: Mapping[str, Any], spec: Mapping[str
         runtime_name=runtime_name if toolkit_on else "",
         uid=str((obj.get("metadata") or {}).get("uid") or ""),
     )
-
-
-# The device plugin's flags (k8s-device-plugin v0.20.0 cmd/nvidia-device-plugin/main.go) the policy reads; on
-# its command line (ClusterPolicy devicePlugin.args, gpu-operator v26.7.0 TransformDevicePlugin) a flag
-# outranks its environment variable (urfave/cli: EnvVars are read only for flags not given).
-READ_FLAGS = ("mig-strategy", "device-list-strategy")
-# A flag that would make the plugin read what the policy does not.
-REFUSED_FLAGS = ("config-file",)
-
-
-def plugin_flags(args: Any) -> dict[str, str]:
-    """The values of READ_FLAGS in the device plugin's arguments (`--name=value`, `--name value`, one dash
-    or two); a repeated string-slice flag (device-list-strategy) accumulates, comma-joined."""
-    if args is None:
-        return {}
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise SourceError("spec.devicePlugin.args is not a list of strings")
-    found: dict[str, list[str]] = {}
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        index += 1
-        name, has_value, value = arg.lstrip("-").partition("=")
-        if not arg.startswith("-") or name not in READ_FLAGS + REFUSED_FLAGS:
-            continue
-        if not has_value:
-            if index >= len(args):
-                raise SourceError(f"spec.devicePlugin.args: {arg} has no value")
-            value = args[index]
-            index += 1
-        if name in REFUSED_FLAGS:
-            raise SourceError(f"spec.devicePlugin.args sets --{name}: the device plugin would then read a "
-                              f"config the policy cannot follow")
-        found.setdefault(name, []).append(value)
-    return {name: values[-1] if name == "mig-strategy" else ",".join(values) for name, values in found.items()}
-
-
-def plugin_config_files(data: Mapping[str, str], where: str) -> dict[str, dict[str, Any]]:
-    """The named device plugin config files of a ConfigMap's data, parsed (not yet validated)."""
-    if not data:
-        raise SourceError(f"{where} holds no device plugin config")
-    configs: dict[str, dict[str, Any]] = {}
-    for key, text in sorted(data.items()):
-        try:
-            parsed = yaml.safe_load(text) if text.strip() else {}
-        except yaml.YAMLError as exc:
-            raise SourceError(f"{where} key {key}: not valid YAML: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise SourceError(f"{where} key {key}: a device plugin config must be a mapping")
-        configs[key] = parsed
-    return configs
 
 
 def _with_flags(config: Mapping[str, Any], mig: str | None, strategies: tuple[str, ...] | None) -> dict[str, Any]:
