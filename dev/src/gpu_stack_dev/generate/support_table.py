@@ -16,8 +16,10 @@ DRA = ("dra.yaml", "dra-mps-memory-slices.yaml")
 # Installed and uninstalled on each minor (with the operator's namespace, no operator running there: the real GPU
 # Operator beside policy-only mode runs on 1.36 only, tests/e2e/test_gpu_operator_policy.py).
 POLICY_ONLY = {
-    "policy-only-gpu-operator.yaml": "policy only for the GPU Operator (`policy-only-gpu-operator.yaml`)",
-    "policy-only-device-plugin.yaml": "policy only for the device-plugin chart (`policy-only-device-plugin.yaml`)",
+    "policy-only-gpu-operator.yaml": "policy only for the GPU Operator (`policy-only-gpu-operator.yaml`) installed "
+                                     "and uninstalled; beside the real operator on 1.36 only",
+    "policy-only-device-plugin.yaml": "policy only for the device-plugin chart (`policy-only-device-plugin.yaml`) "
+                                      "installed and uninstalled",
 }
 CELLS = {"yes": "yes", "refused": "refused: `gpu-stack:` message, nothing created"}
 
