@@ -85,13 +85,14 @@ test-interpreted: $(PURE_STAMP)
 # tests/e2e/node/ also starts a real node (gpu_stack_dev.node: kubelet, containerd + gVisor, CNI, kube-proxy) that
 # runs the chart's pods from the image `make image` builds here (e2e-image); elsewhere those tests skip, unless
 # GPU_STACK_REQUIRE_REAL=1 (set here when the node can run, and by .ci/run; tests/require.py): then they fail.
-# Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool) is
-# installed before.
+# Inside those namespaces nothing reaches a package registry: what the tests install (Helm 3, promtool, the older
+# minors' planes with their kubectl and Helm: tests/e2e/test_kubernetes_minors.py) is installed before.
 e2e: $(STAMP) helm
 	@if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then \
 	  assets="$$(hack/envtest-assets.sh)" || exit 1; export KUBEBUILDER_ASSETS="$$assets"; fi; \
 	  if [ "$${GPU_STACK_E2E_CLUSTER:-}" != existing ] && $(PY) hack/netns.py check >/dev/null; then \
 	    hack/ensure-helm.sh 3 >/dev/null && hack/ensure-promtool.sh >/dev/null || exit 1; \
+	    for minor in 1.32 1.34; do hack/envtest-assets.sh --minor $$minor >/dev/null || exit 1; done; \
 	    $(MAKE) --no-print-directory e2e-image || exit 1; \
 	    GPU_STACK_REQUIRE_REAL=1 exec $(PY) hack/netns.py run -- $(PY) -m pytest -p no:xdist -m e2e tests/e2e; \
 	  fi; \
