@@ -240,6 +240,21 @@ def test_cel_mutation(minor: Minor, releases_on: Releases) -> None:
     stored = cluster.get_json("pod", "request-only", "-n", namespace)
     assert stored["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     record(minor, "CEL mutation", "yes")
+    # The API server drops an uninstalled MutatingAdmissionPolicy a little later: until it does, the next test's
+    # GPU pods would still get runtimeClassName nvidia (GPU008's twin) on a plane without that RuntimeClass.
+    releases_on.uninstall(release)
+    one_gpu = {"nvidia.com/gpu": 1}
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after-uninstall"},
+             "spec": {"containers": [{"name": "main", "image": "busybox",
+                                      "resources": {"requests": one_gpu, "limits": one_gpu}}]}}
+    deadline = time.monotonic() + 60
+    while True:
+        proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-",
+                               input=json.dumps(probe), check=False)
+        if proc.returncode == 0 and "runtimeClassName" not in json.loads(proc.stdout)["spec"]:
+            break
+        assert time.monotonic() < deadline, f"the MutatingAdmissionPolicies still act after uninstall: {proc.stderr}"
+        time.sleep(0.5)
 
 
 def test_inspect_as_a_kubectl_plugin(minor: Minor) -> None:
