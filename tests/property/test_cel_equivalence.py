@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 import jsonpatch
+import pytest
 from gpu_stack_webhook.cel import mutating, runtime, validating
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.engine import Policy
@@ -126,6 +127,24 @@ def test_cel_judges_dra_claims_like_the_webhook(claim: dict[str, Any], before: d
     mutated = cel_mutated(config, claim)
     assert mutated == expected
     assert cel_mutated(config, mutated) == mutated
+
+
+_DRA = "deviceclass.resource.kubernetes.io/"
+
+
+@pytest.mark.parametrize("classes", [("mig.nvidia.com", "gpu.nvidia.com"), ("gpu.nvidia.com", "mig.nvidia.com")])
+def test_two_dra_resources_are_named_in_the_same_order_by_both(classes: tuple[str, str]) -> None:
+    """GPU002 and GPU003 name every DRA resource a pod holds GPUs by; a CEL map's keys have no set order,
+    so both sides name them sorted, whatever order the manifest gives (this once differed)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d"}, "spec": {"containers": [{
+        "name": "a", "image": "x", "securityContext": {"privileged": True},
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+        "resources": {"limits": {_DRA + c: "1" for c in classes}}}]}}
+    obj = wrap(pod, "Pod")
+    denials = python_denials("default", obj)
+    assert {t.split()[0] for t in denials} == {"GPU002", "GPU003"}
+    assert all(f"{_DRA}gpu.nvidia.com, {_DRA}mig.nvidia.com" in t for t in denials)
+    assert cel_denials("default", obj) == denials
 
 
 def cel_mutated(config: str, pod: dict[str, Any]) -> dict[str, Any]:

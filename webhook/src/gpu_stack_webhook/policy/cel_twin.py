@@ -147,12 +147,12 @@ GPU_AMOUNTS: Variable = ("gpuAmounts", (
 ))
 
 # Every deviceclass.resource.kubernetes.io/<GPU class> resource a container is given (count above 0: limit,
-# else request), in the order policy.dra.dra_gpus reads them: {path: container path, r: resource}.
+# else request), in the order policy.dra.dra_gpus reads them (by name: draGpuClasses is sorted, and a map's
+# keys have no order in CEL): {path: container path, r: resource}.
 DRA_HELD: Variable = ("draHeld", (
     "variables.containers.map(e, "
     "cel.bind(rq, e.c.?resources.?requests.orValue({}), cel.bind(lm, e.c.?resources.?limits.orValue({}), "
-    f"(rq.map(r, r) + lm.filter(r, !(r in rq))).filter(r, r.startsWith('{EXTENDED_RESOURCE_PREFIX}') && "
-    f"r.substring({len(EXTENDED_RESOURCE_PREFIX)}) in variables.draGpuClasses && "
+    f"variables.draGpuClasses.map(d, '{EXTENDED_RESOURCE_PREFIX}' + d).filter(r, (r in rq || r in lm) && "
     "cel.bind(n, r in lm ? string(lm[r]) : string(rq[r]), isQuantity(n) && quantity(n).compareTo(quantity('0')) > 0)"
     ").map(r, {'path': dyn(e.path), 'r': dyn(r)})))).flatten()"
 ))

@@ -262,7 +262,8 @@ def dra_gpus(pod: PodView, ctx: Context) -> dict[str, list[str]]:
         dra = ctx.config.dra
         for container in pod.containers():
             held = []
-            for resource in {**container.requests, **container.limits}:
+            # By name, as the CEL twin (cel_twin.DRA_HELD) must: a CEL map's keys come in no set order.
+            for resource in sorted({**container.requests, **container.limits}, key=str):
                 device_class = extended_resource_class(str(resource))
                 value = container.limits.get(resource, container.requests.get(resource))
                 count = parse_count(value)
