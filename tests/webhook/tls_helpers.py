@@ -31,7 +31,9 @@ from typing import Any
 import yaml
 from gpu_stack_webhook.tls.certs import PkiFiles, write_loopback_pki
 
-STARTUP_SECONDS = 60
+# Generous: two gunicorn workers importing the webhook, and with --cluster-lookups their first reads, took
+# over 60 s once at a load average of 27 (seven suites on 2 cores). Only a wait, never a verdict on speed.
+STARTUP_SECONDS = 180
 STOP_SECONDS = 30
 
 
