@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_stack_dev.chartlib import render, run_helm, template_args
+from gpu_stack_dev.chartlib import run_helm, template_args
 from gpu_stack_dev.generate.monitoring import alerts
 
 from .promlib import FORCED, panel_queries, rendered_dashboards, rendered_rules, run_promtool, write_rules

@@ -1,7 +1,10 @@
-"""PromQL helpers of the generated rules and dashboards. The metric names a PromQL expression reads, without a PromQL parser (none is packaged for Python): strings,
-label matchers, range and subquery brackets and grouping clauses are blanked out, and what remains is a name
-unless a `(` follows it (a function or an aggregation) or it is an operator keyword. Tests check it on the
-chart's own expressions (tests/monitoring/test_metric_names.py); promtool checks that they parse.
+"""PromQL helpers of the generated rules and dashboards.
+
+metric_names: the metric names a PromQL expression reads, without a PromQL parser (none is packaged for
+Python): strings, label matchers, range and subquery brackets and grouping clauses are blanked out, and what
+remains is a name unless a `(` follows it (a function or an aggregation) or it is an operator keyword. Tests
+check it on the chart's own expressions (tests/monitoring/test_metric_names.py); promtool checks that they
+parse. with_hostname: the DCGM exporter's node label under one spelling.
 """
 
 from __future__ import annotations
