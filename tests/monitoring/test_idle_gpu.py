@@ -6,6 +6,7 @@ The alert's own firing and quiet cases at the defaults are in alerts.test.yaml."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ import yaml
 from gpu_stack_dev.chartlib import run_helm, template_args
 from gpu_stack_dev.generate.monitoring import alerts
 
-from .promlib import FORCED, panel_queries, rendered_dashboards, rendered_rules, run_promtool, write_rules
+from .promlib import FORCED, HERE, panel_queries, rendered_dashboards, rendered_rules, run_promtool, write_rules
 
 ALERT = "GPUStackGPUAllocatedIdle"
+UNIT_TESTS = HERE / "alerts.test.yaml"
 JOB = "t-gpu-stack-dcgm-exporter"
 
 
@@ -54,7 +56,7 @@ def test_the_thresholds_reach_the_rule() -> None:
     assert rule["for"] == "2h"
     assert rule["labels"] == {"severity": "critical"}
     assert rule["annotations"]["summary"] == "A pod holds GPUs that have been under 12.5% busy for 2h."
-    assert 'unless on (namespace, pod) up{job="t-gpu-stack-dcgm-exporter"}' in rule["expr"]
+    assert '"hostname", "(.+)") unless on (job, instance, pod) up)' in rule["expr"]
 
 
 def test_other_thresholds_fire_where_the_defaults_would_not(tmp_path: Path) -> None:
@@ -86,6 +88,18 @@ def test_disabled_leaves_out_only_the_idle_alert(tmp_path: Path) -> None:
     assert _rules(spec) == {name: rule for name, rule in _rules(rendered_rules()).items() if name != ALERT}
     result = run_promtool("check", "rules", str(write_rules(tmp_path, spec)))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_unit_tests_catch_a_gpu_nobody_holds(tmp_path: Path) -> None:
+    """Without the guard against the target's own pod label, alerts.test.yaml fails on the GPU no pod holds."""
+    spec = rendered_rules()
+    for group in spec["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = rule["expr"].replace(" unless on (job, instance, pod) up)", ")")
+    write_rules(tmp_path, spec)
+    shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
+    result = run_promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
+    assert result.returncode != 0 and 'pod="dcgm-a"' in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -32,8 +32,9 @@ the chart pins 4.6.0-4.8.3, tests/fixtures/dcgm-exporter/README.md):
   ServiceMonitor) the exporter's labels win, and a series without them gets the exporter's pod; without
   honorLabels (the GPU Operator's ServiceMonitor unless its ClusterPolicy sets it, gpu-operator v26.7.0
   controllers/object_controls.go:5002) they arrive as `exported_pod`, `exported_namespace`. A holder is a
-  series with `exported_pod`, or with a `pod` that is no DCGM exporter target's (`up` of the exporter's job):
-  a GPU no pod holds never counts, whichever way it was scraped.
+  series with `exported_pod`, or with a `pod` that is not the pod of the target it was scraped from (the
+  `up` series of the same job and instance): a GPU no pod holds never counts, whichever way it was scraped,
+  and whatever the exporter's job is called.
 
 Shared GPUs: a pod counts as idle when the device it holds is idle: the device's utilisation is the highest of
 all its series (the device-level one where the exporter writes per-process series), and every pod holding the
@@ -43,7 +44,7 @@ figures exist only in the exporter's virtual-GPU mode, and then only for some of
 
 from __future__ import annotations
 
-from gpu_stack_dev.generate.monitoring.placeholders import DCGM_JOB, IDLE_GPU_PERCENT, IDLE_GPU_WINDOW
+from gpu_stack_dev.generate.monitoring.placeholders import IDLE_GPU_PERCENT, IDLE_GPU_WINDOW
 from gpu_stack_dev.generate.monitoring.promql import with_hostname
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -76,10 +77,12 @@ def _named(metric: str, selector: str) -> str:
 
 
 def holders() -> str:
-    """One series (value 1) per pod and device it holds, labelled namespace, pod, Hostname, UUID, GPU_I_ID."""
+    """One series (value 1) per pod and device it holds, labelled namespace, pod, Hostname, UUID, GPU_I_ID. A
+    series whose pod is the one of the target that scraped it (same job, instance and pod as an `up` series)
+    got it from Prometheus, not from the exporter: its GPU is held by nobody. A GPU pod that is a scrape target
+    itself is another target (another instance), so it still counts."""
     named = with_hostname(f"{_named(GPU_UTIL, NOT_MIG)} or {_named(GR_ENGINE_ACTIVE, MIG)}")
-    return (f"group by ({_by(HOLDER + DEVICE)}) ({named}) "
-            f'unless on (namespace, pod) up{{job="{DCGM_JOB}"}}')
+    return f"group by ({_by(HOLDER + DEVICE)}) ({named} unless on (job, instance, pod) up)"
 
 
 def pod_device_utilisation() -> str:
