@@ -162,6 +162,9 @@ FAIL_CASES: list[Any] = [
                  "gpu-stack: webhook.policySource.mode is device-plugin, but "
                  "webhook.policySource.devicePlugin.namespace and .configMap do not both name",
                  id="policy-only-device-plugin-unnamed"),
+    pytest.param({"monitoring.idleGpu.window": "4m"}, "gpu-stack",
+                 'gpu-stack: monitoring.idleGpu.window "4m" is under 5m, so a GPU would count as idle after a handful',
+                 id="idle-gpu-window-under-5m"),
 ]
 
 

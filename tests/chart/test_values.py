@@ -53,6 +53,7 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "dra": {"dra": {"enabled": True}},
     "monitoring.webhookServiceMonitor": {"monitoring": {"webhookServiceMonitor": {"enabled": True}}},
     "monitoring.prometheusRule": {"monitoring": {"prometheusRule": {"enabled": True}}},
+    "monitoring.idleGpu": {"monitoring": {"prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}}},
     "monitoring.jobs": {"monitoring": {"prometheusRule": {"enabled": True}}},
     "monitoring.dashboards": {"monitoring": {"dashboards": {"enabled": True}}},
     "monitoring.dashboards.grafanaOperator": {"monitoring": {"dashboards": {"enabled": True,

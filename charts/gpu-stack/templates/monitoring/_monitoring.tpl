@@ -21,5 +21,9 @@ The generated monitoring files (files/monitoring/, `make generate`) with their p
 {{- $text = $text | replace "__GPU_STACK_DEVICE_PLUGIN_DAEMONSET__" $pluginDaemonSet }}
 {{- $text = $text | replace "__GPU_STACK_WEBHOOK_LATENCY_SECONDS__" (toString (mulf $root.Values.webhook.timeoutSeconds $rule.webhookLatencyRatio)) }}
 {{- $text = $text | replace "__GPU_STACK_RUNBOOK_BASE__" (trimSuffix "/" $rule.runbookBaseURL) }}
+{{- $idle := $root.Values.monitoring.idleGpu }}
+{{- $text = $text | replace "__GPU_STACK_IDLE_GPU_PERCENT__" (toString $idle.utilizationPercentBelow) }}
+{{- $text = $text | replace "__GPU_STACK_IDLE_GPU_WINDOW__" $idle.window }}
+{{- $text = $text | replace "__GPU_STACK_IDLE_GPU_SEVERITY__" $idle.severity }}
 {{- $text }}
 {{- end }}

@@ -12,15 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_stack_dev.generate.monitoring import idle
 from gpu_stack_dev.generate.monitoring.placeholders import (
     AGENTS_NAMESPACE,
     DCGM_JOB,
     DEVICE_PLUGIN_DAEMONSET,
+    IDLE_GPU_PERCENT,
+    IDLE_GPU_SEVERITY,
+    IDLE_GPU_WINDOW,
     NAMESPACE,
     RUNBOOK_BASE,
     WEBHOOK_JOB,
     WEBHOOK_LATENCY_SECONDS,
 )
+from gpu_stack_dev.generate.monitoring.promql import with_hostname
 
 # The webhook configurations' webhook names (templates/webhook/*webhookconfiguration.yaml): the `name`
 # label of the API server's admission webhook metrics.
@@ -33,14 +38,6 @@ GPU_RESOURCES = 'resource=~"nvidia_com_gpu.*|nvidia_com_mig_.*"'
 # XID 79: "GPU has fallen off the bus" (NVIDIA's XID catalogue).
 XID_FELL_OFF_BUS = 79
 GPU_TEMPERATURE_CELSIUS = 85
-
-
-def with_hostname(expr: str) -> str:
-    """A DCGM exporter alert's result with the node in `Hostname` whichever spelling the exporter uses: up to
-    tag 4.5.3-4.8.2 it writes `Hostname`, its main branch since d5e5f510a1b6 ("Rename Hostname label to
-    hostname") writes `hostname` (NVIDIA/dcgm-exporter internal/pkg/rendermetrics/render_metrics.go); the
-    chart sets NODE_NAME, so the value is the node's name either way. Annotations read `$labels.Hostname`."""
-    return f'label_replace({expr}, "Hostname", "$1", "hostname", "(.+)")'
 
 
 @dataclass(frozen=True)
@@ -196,7 +193,23 @@ GPU = Group("gpu-stack-gpus", (
     ),
 ))
 
-GROUPS = (WEBHOOK, GPU)
+# Allocated GPUs nobody uses (idle.py: the signal, the exporter's series and labels it relies on). Its own
+# group, which the chart leaves out with monitoring.idleGpu.enabled false (templates/monitoring/prometheusrule.yaml).
+IDLE_GROUP = "gpu-stack-gpu-idle"
+IDLE = Group(IDLE_GROUP, (
+    Alert(
+        "GPUStackGPUAllocatedIdle",
+        idle.alert_expr(),
+        IDLE_GPU_WINDOW, IDLE_GPU_SEVERITY,
+        f"A pod holds GPUs that have been under {IDLE_GPU_PERCENT}% busy for {IDLE_GPU_WINDOW}.",
+        "Pod {{ $labels.namespace }}/{{ $labels.pod }} on {{ $labels.Hostname }} holds GPUs (whole, MIG or "
+        f"shared) whose utilisation has stayed under {IDLE_GPU_PERCENT}% for {IDLE_GPU_WINDOW} (the busiest is at "
+        "{{ $value | humanize }}%): no other workload can be scheduled on them. A shared GPU counts only while "
+        "every pod on it is idle.",
+    ),
+))
+
+GROUPS = (WEBHOOK, GPU, IDLE)
 
 
 def alerts() -> list[Alert]:

@@ -16,7 +16,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_stack_dev.generate.monitoring import idle
 from gpu_stack_dev.generate.monitoring.alerts import GPU_RESOURCES, WEBHOOK_NAMES, WEBHOOK_TARGET
+from gpu_stack_dev.generate.monitoring.placeholders import IDLE_GPU_PERCENT, IDLE_GPU_WINDOW
 
 with warnings.catch_warnings():
     # The classic (v1) dashboard model, what file provisioning reads, warns that v2 exists.
@@ -80,7 +82,7 @@ class Dashboard:
 GPU_FLEET = Dashboard(
     "gpu-stack-gpu-fleet", "gpu-stack / GPU fleet",
     "Every GPU per node: utilisation, framebuffer, temperature, power and XID errors, with the pod using it "
-    "(the DCGM exporter's Kubernetes mapping; without it, node and GPU only).",
+    "(the DCGM exporter's Kubernetes mapping; without it, node and GPU only), and the GPUs pods hold idle.",
     (
         ("Fleet", (
             Panel("GPUs reporting", "stat", (Query("count(DCGM_FI_DEV_GPU_UTIL)", instant=True),), width=6, height=4,
@@ -111,6 +113,24 @@ GPU_FLEET = Dashboard(
                   (Query(dcgm("DCGM_FI_DEV_GPU_UTIL"), instant=True),), width=24,
                   description="One row per GPU and pod using it. Empty pod and namespace: no pod holds the GPU, "
                               "or the exporter's Kubernetes mapping is off."),
+        )),
+        ("Idle allocated GPUs", (
+            Panel("Idle allocated GPUs", "stat", (Query(idle.idle_devices_now(), instant=True),), width=6,
+                  description=f"GPUs and MIG instances a pod holds that have stayed under {IDLE_GPU_PERCENT}% busy "
+                              f"for {IDLE_GPU_WINDOW} (monitoring.idleGpu; the alert GPUStackGPUAllocatedIdle). A "
+                              "shared GPU counts once, and only while every pod on it is idle."),
+            Panel("Idle allocated GPUs by pod", "table", (Query(idle.idle_devices_by_pod(), instant=True),),
+                  width=18, description=f"Pods whose GPUs have stayed under {IDLE_GPU_PERCENT}% busy for "
+                                        f"{IDLE_GPU_WINDOW}: how many each holds idle. `kubectl gpu-stack inspect "
+                                        "--idle` lists them from the cluster's allocations."),
+            Panel(f"GPU-hours idle by namespace, last {idle.HOURS_RANGE}", "table",
+                  (Query(idle.idle_gpu_hours(("namespace",)), instant=True),), unit="h",
+                  description=f"GPU-hours held under {IDLE_GPU_PERCENT}% busy, counted once a GPU had been idle "
+                              f"for {IDLE_GPU_WINDOW} (while the alert fires), in {idle.HOURS_STEP_MINUTES}-minute "
+                              "steps. A shared GPU counts for each pod on it."),
+            Panel(f"GPU-hours idle by pod, last {idle.HOURS_RANGE}", "table",
+                  (Query(idle.idle_gpu_hours(("namespace", "pod")), instant=True),), unit="h",
+                  description="The same GPU-hours per pod."),
         )),
     ),
 )

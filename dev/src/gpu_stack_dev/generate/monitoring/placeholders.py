@@ -1,7 +1,8 @@
 """Tokens in the generated files that templates/monitoring/*.yaml replace when the chart renders.
 
 Each is a plain identifier-like word, so a generated expression with the token inside a string literal still
-parses; WEBHOOK_LATENCY_SECONDS stands where a number goes and is always replaced by the chart.
+parses; WEBHOOK_LATENCY_SECONDS and IDLE_GPU_PERCENT stand where a number goes, IDLE_GPU_WINDOW where a
+duration goes: the chart always replaces them, and only the rendered expressions are parsed (by promtool).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ DEVICE_PLUGIN_DAEMONSET = "__GPU_STACK_DEVICE_PLUGIN_DAEMONSET__"
 WEBHOOK_LATENCY_SECONDS = "__GPU_STACK_WEBHOOK_LATENCY_SECONDS__"
 # The runbooks' base URL (monitoring.prometheusRule.runbookBaseURL).
 RUNBOOK_BASE = "__GPU_STACK_RUNBOOK_BASE__"
+# The idle-GPU alert and panels (monitoring.idleGpu): the utilisation in percent a GPU stays under (where a
+# number goes), the window it stays under it (where a Prometheus duration goes: `for`, a range, an offset)
+# and the alert's severity.
+IDLE_GPU_PERCENT = "__GPU_STACK_IDLE_GPU_PERCENT__"
+IDLE_GPU_WINDOW = "__GPU_STACK_IDLE_GPU_WINDOW__"
+IDLE_GPU_SEVERITY = "__GPU_STACK_IDLE_GPU_SEVERITY__"
 
 ALL = (NAMESPACE, AGENTS_NAMESPACE, WEBHOOK_JOB, DCGM_JOB, DEVICE_PLUGIN_DAEMONSET, WEBHOOK_LATENCY_SECONDS,
-       RUNBOOK_BASE)
+       RUNBOOK_BASE, IDLE_GPU_PERCENT, IDLE_GPU_WINDOW, IDLE_GPU_SEVERITY)
