@@ -128,12 +128,15 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     graphs = results.get("flamegraphs") or {}
     if graphs:
         links = []
-        for ep, g in graphs.items():
+        for name, g in graphs.items():
+            ep, _, one = name.partition("-")
+            label = f"/{ep}" + (" (one identical body)" if one else " (pod mix)")
             if g.get("skipped"):
-                links.append(f"/{ep}: skipped ({g['skipped']})")
+                links.append(f"{label}: skipped ({g['skipped']})")
             else:
-                links.append(f"[/{ep}]({os.path.relpath(g['svg'], out_dir)})")
-        w(f"Flame graphs under load (py-spy `record --gil --subprocesses` on the gunicorn master, both workers, "
-          f"{plan['profile_s']} s at saturation on the pod mix, this run): " + ", ".join(links) + ".")
+                links.append(f"[{label}]({os.path.relpath(g['svg'], out_dir)})")
+        w(f"Flame graphs under load (py-spy `record --gil --native --subprocesses` on the gunicorn master, both "
+          f"workers, {plan['profile_s']} s at saturation, this run; the GIL holder only, so TLS and socket writes "
+          f"are in the layer table below, not here): " + ", ".join(links) + ".")
         w("")
     return out
