@@ -127,7 +127,8 @@ class CallsResult:
     seconds: float
 
 def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
-    return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
+    return [f"Latency: {plan.latency_creates:,} creates of pods without GPU "
+            f"({calls_.SANDBOXED_SHARE:.0%} of them sandboxed) per state and round, as two batches "
             "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
             "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
             "latencies of the same round and load"

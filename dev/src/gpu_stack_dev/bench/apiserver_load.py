@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                              "mixed creates and non-GPU latency on / off; default: both")
     parser.add_argument("--calls-creates", type=int, default=CallsPlan.creates)
     parser.add_argument("--latency-creates", type=int, default=CallsPlan.latency_creates,
-                        help="creates of the pod without GPU per state (webhook on / off) and round")
+                        help="creates of pods without GPU (one in 20 sandboxed) per state (on / off / floor) and round")
     parser.add_argument("--calls-rounds", type=int, default=CallsPlan.rounds)
     parser.add_argument("--calls-concurrency", type=int, default=CallsPlan.concurrency)
     parser.add_argument("--calls-rates", type=float, nargs="*", default=list(CallsPlan.rates), metavar="PER_S",
