@@ -13,6 +13,8 @@ ROUTES = (f"{HANDLE};CPyPy_review_routes___ReviewRoutes_____call__ (__native_x.c
 ANSWER = (f"{ROUTES};CPyDef_review_routes___ReviewRoutes___reply (__native_x.c:3);"
           "CPyDef_pipeline___answer (__native_x.c:4)")
 
+SIGNATURE = "file_signature (gpu_stack_webhook/filewatch.py:23)"
+
 RAW = "\n".join([
     # the rules
     f"{ANSWER};CPyDef_pipeline___answer_document (x.c:5);CPyDef_decide___review (x.c:6);PyDict_GetItemRef (py) 7",
@@ -27,6 +29,10 @@ RAW = "\n".join([
     # TLS under gunicorn's response write; gunicorn's own parser
     f"{HANDLE};Response.write (gunicorn/http/wsgi.py:475);SSLSocket.sendall (ssl.py:1230);SSL_write (libssl) 5",
     f"{HANDLE};Parser.__next__ (gunicorn/http/parser.py:119) 6",
+    # the policy file's reload check is the policy source; the certificate's, at a handshake, is TLS
+    f"{ROUTES};CPyDef_reloader___ReloadingPolicy___maybe_reload (x.c:9);{SIGNATURE} 1",
+    "ThreadWorker.run (gunicorn/workers/gthread.py:427);PollingThreadWorker.accept (server/worker.py:90);"
+    f"server_context.<locals>.sni (gpu_stack_webhook/tls/serving.py:60);{SIGNATURE} 1",
     # the allow-all's app
     f"{HANDLE};app (gpu_stack_dev/bench/baseline_app.py:40);0x7f03 (orjson/orjson.cpython-311-x86_64-linux-gnu.so) 9",
     # waiting: for the GIL, on the thread pool's queue, in the poller: not CPU
@@ -40,7 +46,7 @@ RAW = "\n".join([
 
 def test_each_busy_sample_counts_in_the_layer_of_its_deepest_named_frame_and_waiting_threads_do_not() -> None:
     busy, shares = layers.shares([RAW])
-    assert busy == 7 + 3 + 2 + 1 + 2 + 4 + 1 + 5 + 6 + 9
+    assert busy == 7 + 3 + 2 + 1 + 2 + 4 + 1 + 5 + 6 + 1 + 1 + 9
     counts = {layer: round(share * busy) for layer, share in shares.items()}
     assert counts == {
         layers.POLICY: 7,
@@ -49,8 +55,9 @@ def test_each_busy_sample_counts_in_the_layer_of_its_deepest_named_frame_and_wai
         layers.METRICS: 2,
         layers.DECISION_LOG: 4,
         layers.WSGI: 1,
-        layers.TLS: 5,
+        layers.TLS: 5 + 1,
         layers.GUNICORN: 6,
+        layers.SOURCE: 1,
         layers.ALLOW_ALL: 9,
     }
     assert list(shares) == [layer for layer in layers.ORDER if layer in shares]  # the table's order

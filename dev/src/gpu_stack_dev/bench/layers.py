@@ -42,14 +42,16 @@ SERVING = (TLS, GUNICORN)
 
 # A frame names a layer when it matches; the deepest such frame of a stack wins.
 LAYERS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), layer) for p, layer in (
-    (r"_ssl__|SSL_|ssl3_|tls1?\d*_|EVP_|libssl|libcrypto|SSLSocket\.|ssl\.py|aesni|gcm_|ossl_", TLS),
+    # gpu_stack_webhook/tls/: the server context's check for a renewed certificate, at each handshake.
+    (r"_ssl__|SSL_|ssl3_|tls1?\d*_|EVP_|libssl|libcrypto|SSLSocket\.|ssl\.py|aesni|gcm_|ossl_|gpu_stack_webhook/tls/",
+     TLS),
     (r"decide___review|CPyDef_engine___|CPyDef_decide___", POLICY),
     (r"review___parse_review|review_routes___read_body|review_routes___content_length", BODY),
     (r"pipeline___answer_document|pipeline___response_of|review___build_response|_LastPatch", RESPONSE),
     (r"pipeline___answer\b|CPyDef_pipeline___answer$|pipeline___is_json", BODY),
     (r"metrics___|metric_values___|prometheus_client", METRICS),
     (r"decision_log___|logging/|pythonjsonlogger|logging\.py", DECISION_LOG),
-    (r"reloader___|live_policy|LivePolicy|kube/live|filewatch", SOURCE),
+    (r"reloader___|live_policy|LivePolicy|kube/live", SOURCE),
     (r"review_routes___|flask/|werkzeug/", WSGI),
     (r"^app \(.*baseline_app\.py", ALLOW_ALL),
 ))
