@@ -168,7 +168,8 @@ demo: $(STAMP) helm
 # In-process policy micro-benchmark (hack/bench_policy.py), then the webhook over TLS vs an allow-all
 # baseline under wrk (bench/run_bench.py, ~9 min, `--quick` ~3 min; installs wrk with apt-get when root:
 # throughput, p99 and worker memory judged against BENCHMARKS.md's targets per round on a mix of 3,000
-# pod creates with one identical body beside, py-spy flame graphs into bench/flamegraphs/), then many
+# pod creates and on one identical body, py-spy flame graphs into bench/flamegraphs/ and the share of each
+# layer of the served path per review, gpu_stack_dev.bench.layers), then many
 # keep-alive clients (bench/many_clients.py) and pod creates through the make-e2e API server
 # (bench/apiserver_load.py: our webhooks vs a bare allow-all, 3 rounds, --rounds 5 for a sign-off run;
 # then the webhook calls per 1,000 mixed creates without / with the chart's

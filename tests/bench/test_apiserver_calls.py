@@ -97,20 +97,37 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
             "rounds of avg(on) / avg(off): 1.03x): **met**.") in text
 
 
-def test_the_floor_is_shown_beside_on_and_off_and_does_not_change_the_verdict() -> None:
+def test_on_is_judged_against_the_floor_where_it_was_measured_and_off_is_shown_beside() -> None:
     latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 120), _latency(1, ac.FLOOR, 115),
                _latency(2, ac.FLOOR, 110), _latency(2, ac.ON, 112), _latency(2, ac.OFF, 100)]
     for run, cpu in zip(latency, (0.03, 0.05, 0.045, 0.044, 0.05, 0.03), strict=True):
         run.apiserver_cpu_s = cpu
     assert ac.latency_ratios(latency, ac.FLOOR) == pytest.approx([1.15, 1.1])
-    assert ac.latency_verdict(latency) == (False, "median 1.16x > 1.05x")
+    assert ac.latency_ratios(latency, against=ac.FLOOR) == pytest.approx([120 / 115, 112 / 110])
+    assert ac.latency_verdict(latency) == (True, "")  # 1.03x the floor, though 1.16x off
+    slow = [*latency[:2], _latency(1, ac.FLOOR, 100)]
+    assert ac.latency_verdict(slow) == (False, "median 1.20x > 1.05x")
     text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
     assert ("| round | load | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | floor: avg / p50 / p99 ms "
-            "| on / off (avg) | floor / off (avg) | API server CPU ms per create, off / on / floor "
+            "| on / off (avg) | floor / off (avg) | on / floor (avg) | API server CPU ms per create, off / on / floor "
             "| creates failed |") in text
     assert (f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 120.0 / 120.0 / 120.0 | 115.0 / 115.0 / 115.0 | 1.20 | 1.15 "
-            "| 3.00 / 5.00 / 4.50 | 0 |") in text
-    assert "With every matchCondition the constant `false`: 1.12x (median)" in text
+            "| 1.04 | 3.00 / 5.00 / 4.50 | 0 |") in text
+    assert (f"Target, {ac.CLOSED}: non-GPU creates with the webhook on within 5% of the matchConditions floor "
+            "(median over the rounds of avg(on) / avg(floor): 1.03x): **met**.") in text
+    assert "Against no webhook at all: on 1.16x, the floor 1.12x (medians)" in text
+
+
+def test_one_non_gpu_create_in_20_names_a_sandbox_the_sandboxes_taking_turns() -> None:
+    names = [ac.sandboxed_at(i) for i in range(1000)]
+    assert sum(1 for n in names if n) == 50
+    assert [n for n in names[:60] if n] == ["gvisor", "kata", "gvisor"]
+    assert [i for i, n in enumerate(names[:60]) if n] == [19, 39, 59]
+    assert sum(1 for n in names if n == "kata") == 25
+    run = ac.LatencyRun(round=1, state=ac.ON, latencies_ms=[1.0], total=1, sandboxed_share=ac.SANDBOXED_SHARE)
+    text = ac.render([], [run, ac.LatencyRun(round=1, state=ac.OFF, latencies_ms=[1.0], total=1)], stamp="",
+                     command="make bench", conditions={}, concurrency=20)
+    assert "5% of them with a sandboxed `runtimeClassName` (`gvisor` (handler runsc) and `kata` (handler kata)" in text
 
 
 def test_each_load_is_judged_on_its_own_rounds() -> None:

@@ -71,41 +71,49 @@ def _verdicts(lines: list[str]) -> dict[str, str]:
     return {row[0].lstrip("| "): row[2].rstrip(" |") for row in rows}
 
 
+V_MIX = "/validate >= 0.90x the bare allow-all, every round (pod mix)"
+M_MIX = "/mutate (patched) >= 0.85x the bare allow-all, every round (pod mix)"
+V_ONE = "/validate >= 0.90x the bare allow-all, every round (one identical body)"
+M_ONE = "/mutate (patched) >= 0.85x the bare allow-all, every round (one identical body)"
+P99 = "/validate p99 <= 1.2x the bare allow-all's at 1,000/s, every round"
+
+
 def test_one_round_below_the_ratio_misses_the_target_even_when_the_median_meets_it(tmp_path: Path) -> None:
-    lines = targets.render(_results([0.9, 0.79, 0.95], [0.8, 0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0), tmp_path)
+    lines = targets.render(_results([0.95, 0.89, 0.97], [0.9, 0.9, 0.9], {1: 16, 2: 16}, 1.1, 59.0), tmp_path)
     verdicts = _verdicts(lines)
-    assert verdicts["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "**missed**"
-    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round (pod mix)"] == "met"
-    assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "met"
+    assert verdicts[V_MIX] == "**missed**"
+    assert verdicts[M_MIX] == "met"
+    assert verdicts[P99] == "met"
     assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "met"
-    assert "| 2 | 1,000 | 790 | 0.79 | 800 | 0.80 | 16/16 / 16/16 / 16/16 | 0 |" in lines
+    assert "| 2 | 1,000 | 890 | 0.89 | 900 | 0.90 | 16/16 / 16/16 / 16/16 | 0 |" in lines
 
 
-def test_the_targets_judge_the_mix_and_show_the_identical_body_beside_it(tmp_path: Path) -> None:
-    """The ratios are judged on the pod mix; the identical-body rounds are shown, not judged."""
-    mixed_low = _results([0.9, 0.75], [0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0)
-    mixed_low["saturation_same"] = _results([1.0, 1.0], [0.9, 0.9], {1: 16, 2: 16}, 5.0, 59.0)["saturation"]
+def test_the_targets_judge_the_mix_and_the_identical_body_alike(tmp_path: Path) -> None:
+    """Both bodies are judged by the same ratios: a run that meets them on one and not the other misses."""
+    mixed_low = _results([0.95, 0.85], [0.9, 0.9], {1: 16, 2: 16}, 1.1, 59.0)
+    mixed_low["saturation_same"] = _results([1.0, 1.0], [0.9, 0.9], {1: 16, 2: 16}, 1.1, 59.0)["saturation"]
     lines = targets.render(mixed_low, tmp_path)
-    assert _verdicts(lines)["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "**missed**"
-    assert "| 2 | 1,000 | 1,000 | 1.00 | 900 | 0.90 | 16/16 / 16/16 / 16/16 | 0 |" in lines  # shown beside
-    same_low = _results([0.9, 0.9], [0.8, 0.8], {1: 16, 2: 16}, 5.0, 59.0)
-    same_low["saturation_same"] = _results([0.5, 0.5], [0.5, 0.5], {1: 16, 2: 16}, 5.0, 59.0)["saturation"]
+    verdicts = _verdicts(lines)
+    assert (verdicts[V_MIX], verdicts[V_ONE], verdicts[M_ONE]) == ("**missed**", "met", "met")
+    assert "| 2 | 1,000 | 1,000 | 1.00 | 900 | 0.90 | 16/16 / 16/16 / 16/16 | 0 |" in lines  # the identical body
+    same_low = _results([0.95, 0.95], [0.9, 0.9], {1: 16, 2: 16}, 1.1, 59.0)
+    same_low["saturation_same"] = _results([0.95, 0.95], [0.8, 0.9], {1: 16, 2: 16}, 1.1, 59.0)["saturation"]
     verdicts = _verdicts(targets.render(same_low, tmp_path))
-    assert verdicts["/validate >= 0.80x the bare allow-all, every round (pod mix)"] == "met"
-    assert verdicts["/mutate (patched) >= 0.70x the bare allow-all, every round (pod mix)"] == "met"
-    errors = _results([0.9], [0.8], {1: 16, 2: 16}, 5.0, 59.0)
-    errors["saturation_same"] = _results([0.9], [0.8], {1: 16, 2: 16}, 5.0, 59.0, errors=2)["saturation"]
+    assert (verdicts[V_MIX], verdicts[M_MIX], verdicts[V_ONE]) == ("met", "met", "met")
+    assert verdicts[M_ONE] == "**missed**"
+    errors = _results([0.95], [0.9], {1: 16, 2: 16}, 1.1, 59.0)
+    errors["saturation_same"] = _results([0.95], [0.9], {1: 16, 2: 16}, 1.1, 59.0, errors=2)["saturation"]
     assert _verdicts(targets.render(errors, tmp_path))["zero errors (saturation, both bodies, and fixed rate)"] \
         == "**missed**"
 
 
 def test_a_round_with_an_idle_worker_or_an_error_and_a_slow_p99_miss(tmp_path: Path) -> None:
-    results = _results([0.9], [0.8], {1: 32, 2: 0}, 6.5, 61.0)
+    results = _results([0.95], [0.9], {1: 32, 2: 0}, 1.25, 61.0)  # p99 1.25x the bare stack's 1 ms
     results["saturation"]["mutate"].runs[0].errors = 3  # type: ignore[index]
     verdicts = _verdicts(targets.render(results, tmp_path))
     assert verdicts["connections on both workers, every round"] == "**missed**"
     assert verdicts["zero errors (saturation, both bodies, and fixed rate)"] == "**missed**"
-    assert verdicts["/validate p99 <= 6 ms at 1,000/s, every round (bare p99 beside)"] == "**missed**"
+    assert verdicts[P99] == "**missed**"
     assert verdicts["worker VmRSS <= 60 MB after the 200-container sweep"] == "**missed**"
 
 

@@ -4,6 +4,7 @@ matchConditions, and the latency of pods without GPUs with the configurations on
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,19 @@ def mixed_pod(index: int) -> dict[str, Any]:
     return apiload.pod_body(gpu=calls_.gpu_at(index))
 
 def plain_pod(index: int) -> dict[str, Any]:
-    return apiload.pod_body(gpu=False)
+    """A pod without GPU; SANDBOXED_SHARE of them with a sandboxed runtimeClassName (gVisor, Kata)."""
+    pod = apiload.pod_body(gpu=False)
+    runtime_class = calls_.sandboxed_at(index)
+    if runtime_class:
+        pod["spec"]["runtimeClassName"] = runtime_class
+    return pod
+
+
+def ensure_sandboxes(bench: Bench) -> None:
+    """The RuntimeClasses the sandboxed pods name, so the API server's RuntimeClass admission admits them."""
+    items = [{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": handler}
+             for name, handler in sorted(calls_.SANDBOXES.items())]
+    bench.cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
 Calls = dict[tuple[str, str], float]
 
@@ -58,6 +71,7 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
     rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
     calls: list[calls_.CallsRun] = []
     latency: list[calls_.LatencyRun] = []
+    ensure_sandboxes(bench)
     loads: list[tuple[str, float | None]] = [(calls_.CLOSED, None), *((calls_.paced(r), r) for r in rates)]
     for i in range(1, rounds + 1):
         for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
@@ -75,7 +89,8 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
         # falls on every state alike.
         order = (calls_.OFF, calls_.ON, calls_.FLOOR)
         order = order if i % 2 else order[::-1]
-        parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load)
+        parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load,
+                                                  sandboxed_share=calls_.SANDBOXED_SHARE)
                  for state in order for load, _ in loads}
         for state in (*order, *reversed(order)):
             set_webhook(bench.cluster, release, rendered, namespace, state)
@@ -112,7 +127,8 @@ class CallsResult:
     seconds: float
 
 def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
-    return [f"Latency: {plan.latency_creates:,} creates of the pod without GPU per state and round, as two batches "
+    return [f"Latency: {plan.latency_creates:,} creates of pods without GPU "
+            f"({calls_.SANDBOXED_SHARE:.0%} of them sandboxed) per state and round, as two batches "
             "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
             "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
             "latencies of the same round and load"

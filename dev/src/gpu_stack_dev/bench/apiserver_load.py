@@ -29,9 +29,11 @@ Second part (gpu_stack_dev.bench.apiserver_calls), same control plane and releas
 pointed at our webhook: `--calls-creates` mixed creates (every 10th pod asks for a GPU, the rest none)
 under (a) the chart's rendered configurations with every matchConditions removed and (b) as the chart
 renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
-by webhook name and type) per 1,000 creates; then creates of the pod without GPU with the configurations
-as rendered (on), with no configurations at all (off) and with every matchCondition `false` (floor), the
-ratio of the average latencies per round (target: within 5%), under two loads: closed loop (the
+by webhook name and type) per 1,000 creates; then creates of pods without GPU, one in 20 with a sandboxed
+runtimeClassName (gVisor, Kata: apiserver_calls.SANDBOXED_SHARE; the chart's matchConditions send those to the
+webhook), with the configurations as rendered (on), with no configurations at all (off) and with every
+matchCondition `false` (floor), the ratio of the average latencies per round (target: on within 5% of the
+floor), under two loads: closed loop (the
 API server flat out) and paced at `--calls-rates` creates per second (Poisson arrivals, open loop).
 Its own section, between its own markers. `--part load|calls` runs one part only.
 """
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                              "mixed creates and non-GPU latency on / off; default: both")
     parser.add_argument("--calls-creates", type=int, default=CallsPlan.creates)
     parser.add_argument("--latency-creates", type=int, default=CallsPlan.latency_creates,
-                        help="creates of the pod without GPU per state (webhook on / off) and round")
+                        help="creates of pods without GPU (one in 20 sandboxed) per state (on / off / floor) and round")
     parser.add_argument("--calls-rounds", type=int, default=CallsPlan.rounds)
     parser.add_argument("--calls-concurrency", type=int, default=CallsPlan.concurrency)
     parser.add_argument("--calls-rates", type=float, nargs="*", default=list(CallsPlan.rates), metavar="PER_S",

@@ -1,8 +1,10 @@
 """py-spy flame graphs of the webhook's workers under load, for BENCHMARKS.md (bench/flamegraphs/*.svg).
 
-`record()` attaches `py-spy record --gil --subprocesses` to the gunicorn master (so every worker is
-sampled, only the thread holding the GIL, i.e. Python CPU time) while wrk saturates one endpoint, and
-writes py-spy's own SVG. py-spy is a dev dependency (requirements.lock).
+`record()` attaches `py-spy record --gil --native --subprocesses` to the gunicorn master (so every worker is
+sampled, only the thread holding the GIL, i.e. Python CPU time; --native shows the review path mypyc compiled
+as its C functions, `CPyDef_<module>___<function>`) while wrk saturates one endpoint, and writes py-spy's own
+SVG. TLS encryption and socket writes run without the GIL, so they are not in these graphs: the layer table
+(layers.py) counts them. py-spy is a dev dependency (requirements.lock).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ def record(server: Any, wrk: Any, manifest: Path, seconds: int, connections: int
         return "py-spy is not installed (pip install -r requirements-dev.txt)"
     svg.parent.mkdir(parents=True, exist_ok=True)
     recorder = subprocess.Popen(
-        [spy, "record", "--gil", "--subprocesses", "-p", str(server.pid), "-d", str(seconds), "-r", str(RATE_HZ),
-         "-f", "flamegraph", "-o", str(svg)],
+        [spy, "record", "--gil", "--native", "--subprocesses", "-p", str(server.pid), "-d", str(seconds),
+         "-r", str(RATE_HZ), "-f", "flamegraph", "-o", str(svg)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(0.5)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_stack_dev.bench import provenance, targets
+from gpu_stack_dev.bench import layers, provenance, targets
 from gpu_stack_dev.bench.report import HTTP_BEGIN, HTTP_END, INSPECT_SCALE, frame_lines, included, refresh_sources
 
 
@@ -175,27 +175,8 @@ def render(results: dict[str, Any], command: str, out_dir: Path) -> str:
         w(f"| {k} | {', '.join(row['ids'])} | {http} | {row['evaluate_us']:.1f} |")
     w("")
 
-    # --- profile ----------------------------------------------------------------------------------
-    prof = results.get("profile")
-    if prof:
-        w("## Profile of a webhook worker under load (this run)")
-        w("")
-        if "skipped" in prof:
-            w(f"Skipped: {prof['skipped']}")
-        else:
-            w(f"py-spy `record --gil` (samples only the thread holding the GIL, i.e. Python CPU time) on both "
-              f"workers while wrk saturates /validate with the pod mix: {prof['busy_samples']} samples. "
-              "Inclusive share of gunicorn's request handling and of every frame of our package above 2 % "
-              "(orjson's parse and serialise are native code, so they count in their caller's self time):")
-            w("")
-            w("| frame | inclusive % | self % |")
-            w("|---|---:|---:|")
-            for frame, own, incl in prof["inclusive"]:
-                if frame.startswith(_GUNICORN) or (frame.split("(")[-1].startswith(_OURS) and incl >= 2.0):
-                    w(f"| `{frame}` | {incl:.1f} | {own:.1f} |")
-            w("")
-            w("Top self time: " + "; ".join(f"`{f}` {pct:.1f} %" for f, pct in prof["self"][:8]) + ".")
-        w("")
+    # --- where a review's time goes -------------------------------------------------------------------
+    out.extend(layers_section(results))
 
     # --- earlier targets ------------------------------------------------------------------------------
     core = _core_us(results.get("bench_policy", ""))
@@ -239,11 +220,58 @@ def mix_text(mix: dict[str, Any]) -> str:
             f"/validate denies {mix['denied']} of them ({mix['denied'] / max(1, mix['bodies']):.1%}: {denied}); "
             f"/mutate patches {mix['patched']} ({mix['patched'] / max(1, mix['bodies']):.0%}){patches}.")
 
-# Frames shown in the profile table: gunicorn's request handling, and our package's subpackages as
-# profile_summary shortens them ("review (admission/decide.py)"), whatever the functions are called.
-_GUNICORN = ("ThreadWorker.handle (", "Parser.__next__", "ThreadWorker.handle_request")
+_NAMES = {"baseline": "allow-all", "validate": "/validate", "mutate": "/mutate"}
+_BODIES = {"mix": ("the pod mix", "saturation"), "one": ("one identical body", "saturation_same")}
 
-_OURS = ("admission/", "policy/", "rules/", "server/", "kube/", "gpu_stack_webhook/")
+
+def layers_section(results: dict[str, Any]) -> list[str]:
+    """The share of each layer of the served path per review, and its microseconds (layers.py)."""
+    found = results.get("layers") or {}
+    if not found:
+        return []
+    plan = results["plan"]
+    out = ["## Where a review's time goes, layer by layer (this run)", ""]
+    w = out.append
+    skipped = {case: r["skipped"] for case, r in found.items() if "skipped" in r}
+    columns = [(case, r) for case, r in found.items() if "skipped" not in r]
+    w(f"py-spy `record --native` on both workers of each server while wrk saturates it ({plan['profile_s']} s, "
+      f"{plan['saturation_connections']} connections; the pod mix, then one identical body), every thread sampled "
+      "with its C frames: the review path mypyc compiled appears as its C functions, TLS as OpenSSL under `_ssl`. "
+      "Samples of a thread that waits (the GIL, a lock, the poller, a sleep) are dropped; each busy sample goes "
+      "to the layer of the deepest frame of its stack that names one (gpu_stack_dev.bench.layers), the rest is "
+      "gunicorn. µs per review: the layer's share times the median CPU per review of the saturation rounds of "
+      "this run (from /proc: the servers' own CPU, every thread). TLS and gunicorn are what any server on this "
+      "stack pays (the allow-all too); the allow-all's app reads, parses and answers the body.")
+    w("")
+    if columns:
+        header = " | ".join(f"{_NAMES.get(case.split('/')[1], case)} ({_BODIES[case.split('/')[0]][0]}) % / µs"
+                            for case, _ in columns)
+        w(f"| layer | {header} |")
+        w("|---|" + "---:|" * len(columns))
+        cpu = {case: _cpu_us(results, case) for case, _ in columns}
+        for layer in layers.ORDER:
+            if not any(r["shares"].get(layer) for _, r in columns):
+                continue
+            cells = []
+            for case, r in columns:
+                share = r["shares"].get(layer, 0.0)
+                cells.append(f"{100 * share:.1f} / {share * cpu[case]:.0f}" if share else "-")
+            w(f"| {layer} | {' | '.join(cells)} |")
+        totals = " | ".join(f"{cpu[case]:.0f}, {r['busy']}" for case, r in columns)
+        w(f"| CPU per review (µs), busy samples | {totals} |")
+        w("")
+    for case, why in skipped.items():
+        w(f"* {case}: skipped ({why})")
+    if skipped:
+        w("")
+    return out
+
+
+def _cpu_us(results: dict[str, Any], case: str) -> float:
+    body, name = case.split("/", 1)
+    sat = results.get(_BODIES[body][1]) or {}
+    return float(sat[name].med(lambda r: r.cpu_us_per_review)) if name in sat else 0.0
+
 
 def _core_us(text: str) -> float:
     for line in text.splitlines():

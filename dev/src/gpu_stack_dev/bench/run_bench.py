@@ -21,6 +21,8 @@ offered rate (mix.lua paces sends on a schedule, see there), throughput closed l
 CPU per review is the servers' utime+stime (master and workers, /proc/PID/stat) over the run divided
 by the reviews answered; memory is VmRSS and PSS (smaps_rollup) of each worker after the load.
 Connections: TCP passive opens of the namespace (/proc/net/snmp) during each run, i.e. TLS handshakes.
+Profile: py-spy flame graphs of /validate and /mutate on both bodies (flamegraph.py), and the share of each layer
+of the served path per review for every server and body (layers.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from gpu_stack_webhook.settings import load_settings
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 from gpu_stack_dev import paths
-from gpu_stack_dev.bench import bodies, flamegraph, profile_summary, report, report_http
+from gpu_stack_dev.bench import bodies, flamegraph, layers, report, report_http
 from gpu_stack_dev.bench.inprocess import SIZES, distinct_patches, inprocess_rules, inprocess_sizes, rules_config
 from gpu_stack_dev.bench.servers import VENV_BIN, Server, chart_policy, ensure_wrk, free_port
 from gpu_stack_dev.bench.wrk import Wrk, alternate
@@ -124,32 +126,6 @@ def enter_netns() -> bool:
     env = {**os.environ, NETNS_ENV: "1"}
     os.execvpe("unshare", ["unshare", "--net", sys.executable, *sys.argv], env)
     return False  # not reached
-
-
-def profile_worker(server: Server, wrk: Wrk, manifest: Path, seconds: int, connections: int,
-                   workdir: Path) -> dict[str, Any] | None:
-    """py-spy --gil on every worker while wrk saturates the server; the stacks of all workers merged."""
-    spy = shutil.which("py-spy", path=str(VENV_BIN)) or shutil.which("py-spy")
-    if not spy:
-        return {"skipped": "py-spy is not installed (pip install -r requirements.lock)"}
-    recorders = []
-    for worker in server.workers():
-        raw = workdir / f"profile-{worker}.raw"
-        recorders.append((raw, subprocess.Popen(
-            [spy, "record", "--gil", "-p", str(worker), "-d", str(seconds), "-r", "200", "-f", "raw", "-o", str(raw)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
-    time.sleep(0.5)
-    with contextlib.suppress(RuntimeError):
-        wrk.run("profile", server, manifest, seconds + 1, connections)
-    texts = []
-    for raw, rec in recorders:
-        output = rec.communicate(timeout=60)[0].decode(errors="replace")
-        if rec.returncode != 0 or not raw.is_file():
-            return {"skipped": f"py-spy failed ({rec.returncode}): {output.strip()[-300:]}"}
-        texts.append(raw.read_text())
-    text = "\n".join(texts)
-    busy, rows = profile_summary.summarise(text, 400)
-    return {"busy_samples": busy, "inclusive": rows, "self": profile_summary.self_top(text, 12)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,17 +227,21 @@ def main(argv: list[str] | None = None) -> int:
             results["memory_after"] = {"webhook": hook.memory(), "baseline": baseline.memory()}
             if not args.no_profile:
                 results["flamegraphs"] = {}
-                for ep in bodies.ENDPOINTS:
-                    svg = args.flamegraphs / f"{ep}.svg"
-                    print(f"flame graph: py-spy --gil on both workers, /{ep} at saturation, {plan.profile_s} s "
-                          f"-> {svg}", flush=True)
-                    results["flamegraphs"][ep] = {
-                        "svg": svg, "skipped": flamegraph.record(hook, wrk, pod_mix[ep], plan.profile_s,
-                                                                 plan.saturation_connections, svg)}
-                print(f"profile: py-spy --gil on the workers, /validate at saturation, {plan.profile_s} s",
+                for label, manifests_of in (("", pod_mix), ("-one-body", pod3)):
+                    for ep in bodies.ENDPOINTS:
+                        svg = args.flamegraphs / f"{ep}{label}.svg"
+                        print(f"flame graph: py-spy --gil --native on both workers, /{ep} at saturation "
+                              f"({'one identical body' if label else 'the pod mix'}), {plan.profile_s} s -> {svg}",
+                              flush=True)
+                        results["flamegraphs"][f"{ep}{label}"] = {
+                            "svg": svg, "skipped": flamegraph.record(hook, wrk, manifests_of[ep], plan.profile_s,
+                                                                     plan.saturation_connections, svg)}
+                print(f"layers: py-spy --native on the workers at saturation, {plan.profile_s} s per server and body",
                       flush=True)
-                results["profile"] = profile_worker(hook, wrk, pod_mix["validate"], plan.profile_s,
-                                                    plan.saturation_connections, tmp)
+                results["layers"] = {
+                    f"{body}/{name}": layers.record(server, wrk, manifest, plan.profile_s,
+                                                    plan.saturation_connections, tmp, f"{body}-{name}")
+                    for body, group in (("mix", targets), ("one", same)) for name, server, manifest in group}
         finally:
             hook.stop()
             baseline.stop()

@@ -1,11 +1,11 @@
 """The review path's throughput, latency and memory targets, judged from one `make bench` run
 (bench/run_bench.py) for BENCHMARKS.md.
 
-* /validate >= 0.80x and /mutate (with patches) >= 0.70x the bare allow-all's throughput on the pod mix
-  (gpu_stack_dev.bench.bodies `pod_mix`), in every round (the ratio of each round uses the baseline of the
-  same round), with both gunicorn workers holding connections in every round and zero errors; the same
-  rounds on one identical body are shown beside them, not judged;
-* p99 <= 6 ms on /validate at a fixed 1,000 reviews/s, every round, next to the bare stack's p99;
+* /validate >= 0.90x and /mutate (with patches) >= 0.85x the bare allow-all's throughput, in every round (the
+  ratio of each round uses the baseline of the same round), on the pod mix (gpu_stack_dev.bench.bodies
+  `pod_mix`) and on one identical body (`gpu_pod_3c`) alike, with both gunicorn workers holding
+  connections in every round and zero errors (issue 52);
+* p99 on /validate at a fixed 1,000 reviews/s <= 1.2x the bare stack's p99 of the same round, every round;
 * worker VmRSS <= 60 MB after the 200-container sweep; no growth over the soak (`make soak`, which
   writes bench/soak.md).
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 from gpu_stack_dev import paths
 
-VALIDATE_RATIO = 0.80
-MUTATE_RATIO = 0.70
-P99_MS = 6.0
+VALIDATE_RATIO = 0.90
+MUTATE_RATIO = 0.85
+P99_OVER_BARE = 1.2
 RSS_MB = 60.0
 SOAK = paths.BENCH / "soak.md"
 
@@ -77,15 +77,16 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
       f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
       f"server per round{split}; the pod mix (see above; /mutate patches its GPU, MPS and MIG pods). The same "
       f"rounds on one identical body (the recorded GPU pod with 3 containers x 20 env vars; /mutate: with the MPS "
-      f"annotation, so the answer carries a patch) ran after them and are shown beside, not judged: the best case. "
+      f"annotation, so the answer carries a patch) ran after them, judged by the same ratios. "
       f"Connections per worker: established sockets in each worker's /proc/PID/fd, sampled mid-round "
       f"(baseline / validate / mutate).")
     w("")
     v_ratios, m_ratios = round_ratios(sat, "validate"), round_ratios(sat, "mutate")
-    out.extend(_round_table("The pod mix (judged):", sat, v_ratios, m_ratios))
+    out.extend(_round_table("The pod mix:", sat, v_ratios, m_ratios))
+    sv_ratios = round_ratios(same, "validate") if same else []
+    sm_ratios = round_ratios(same, "mutate") if same else []
     if same:
-        out.extend(_round_table("One identical body (not judged: every review hits the webhook's memos):", same,
-                                round_ratios(same, "validate"), round_ratios(same, "mutate")))
+        out.extend(_round_table("One identical body:", same, sv_ratios, sm_ratios))
     p_base, p_val = paced["baseline"].runs, paced["validate"].runs
     w(f"Fixed rate: {plan['paced_rate']:,} reviews/s offered on /validate (open loop: bench/mix.lua paces wrk's "
       f"sends on a fixed schedule over {plan['paced_connections']} connections and counts sends that missed their "
@@ -102,20 +103,23 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     spreads = [spread_ok(r) for s in sat.values() for r in s.runs]
     p99s = [r.latency_us["p99"] / 1000 for r in p_val]
     bare_p99s = [r.latency_us["p99"] / 1000 for r in p_base]
+    p99_ratios = [v / b if b else float("inf") for v, b in zip(p99s, bare_p99s, strict=True)]
     rss = [wk["rss_kb"] / 1024 for wk in results["memory_after"]["webhook"]["workers"]]
     soak_text, soak_ok = soak_verdict()
     fmt = ", ".join
     w("| target | per round | result |")
     w("|---|---|---|")
-    w(f"| /validate >= {VALIDATE_RATIO:.2f}x the bare allow-all, every round (pod mix) | "
-      f"{fmt(f'{x:.2f}' for x in v_ratios)} | {verdict(bool(v_ratios) and min(v_ratios) >= VALIDATE_RATIO)} |")
-    w(f"| /mutate (patched) >= {MUTATE_RATIO:.2f}x the bare allow-all, every round (pod mix) | "
-      f"{fmt(f'{x:.2f}' for x in m_ratios)} | {verdict(bool(m_ratios) and min(m_ratios) >= MUTATE_RATIO)} |")
+    for body, ratios in (("pod mix", (v_ratios, m_ratios)), ("one identical body", (sv_ratios, sm_ratios))):
+        for what, floor, per_round in (("/validate", VALIDATE_RATIO, ratios[0]),
+                                       ("/mutate (patched)", MUTATE_RATIO, ratios[1])):
+            w(f"| {what} >= {floor:.2f}x the bare allow-all, every round ({body}) | "
+              f"{fmt(f'{x:.2f}' for x in per_round) or 'not run'} | "
+              f"{verdict(bool(per_round) and min(per_round) >= floor)} |")
     w(f"| connections on both workers, every round | {sum(spreads)} of {len(spreads)} runs | {verdict(all(spreads))} |")
     w(f"| zero errors (saturation, both bodies, and fixed rate) | {errors} | {verdict(errors == 0)} |")
-    w(f"| /validate p99 <= {P99_MS:.0f} ms at {plan['paced_rate']:,}/s, every round (bare p99 beside) | "
-      f"{fmt(f'{x:.2f}' for x in p99s)} ms (bare {fmt(f'{x:.2f}' for x in bare_p99s)} ms) | "
-      f"{verdict(bool(p99s) and max(p99s) <= P99_MS)} |")
+    w(f"| /validate p99 <= {P99_OVER_BARE:.1f}x the bare allow-all's at {plan['paced_rate']:,}/s, every round | "
+      f"{fmt(f'{x:.2f}' for x in p99s)} ms (bare {fmt(f'{x:.2f}' for x in bare_p99s)} ms: "
+      f"{fmt(f'{x:.2f}x' for x in p99_ratios)}) | {verdict(bool(p99s) and max(p99_ratios) <= P99_OVER_BARE)} |")
     w(f"| worker VmRSS <= {RSS_MB:.0f} MB after the 200-container sweep | {fmt(f'{x:.1f}' for x in rss)} MB | "
       f"{verdict(bool(rss) and max(rss) <= RSS_MB)} |")
     w(f"| no worker RSS growth over the 10-minute soak | {soak_text} | "
@@ -124,12 +128,15 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     graphs = results.get("flamegraphs") or {}
     if graphs:
         links = []
-        for ep, g in graphs.items():
+        for name, g in graphs.items():
+            ep, _, one = name.partition("-")
+            label = f"/{ep}" + (" (one identical body)" if one else " (pod mix)")
             if g.get("skipped"):
-                links.append(f"/{ep}: skipped ({g['skipped']})")
+                links.append(f"{label}: skipped ({g['skipped']})")
             else:
-                links.append(f"[/{ep}]({os.path.relpath(g['svg'], out_dir)})")
-        w(f"Flame graphs under load (py-spy `record --gil --subprocesses` on the gunicorn master, both workers, "
-          f"{plan['profile_s']} s at saturation on the pod mix, this run): " + ", ".join(links) + ".")
+                links.append(f"[{label}]({os.path.relpath(g['svg'], out_dir)})")
+        w(f"Flame graphs under load (py-spy `record --gil --native --subprocesses` on the gunicorn master, both "
+          f"workers, {plan['profile_s']} s at saturation, this run; the GIL holder only, so TLS and socket writes "
+          f"are in the layer table below, not here): " + ", ".join(links) + ".")
         w("")
     return out

@@ -92,6 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
 
+    gunicorn_conf.lean_log_records()  # no caller lookup per log line (gunicorn_conf.py)
     # /metrics aggregates what every gunicorn worker writes to this directory.
     settings = settings.model_copy(update={"prometheus_multiproc_dir": gunicorn_conf.prepare_metrics_dir()})
     try:

@@ -85,11 +85,14 @@ class Metrics:
     def __init__(self, multiprocess_dir: str | None = None, registry: CollectorRegistry | None = None) -> None:
         self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
-        # Looked up once per label set (label values are bounded): (endpoint, outcome, kind) -> the recorder
-        # of a review and its duration; (endpoint, crashed, denied_by, warned, mutated) -> the findings
-        # counters' increments (a handful of rule combinations occur).
-        self._reviews: dict[tuple[Endpoint, str, str], ReviewRecorder] = {}
-        self._findings: dict[tuple[object, ...], tuple[Increment, ...]] = {}
+        # Looked up once per label set (label values are bounded), one table per endpoint: (outcome, kind) ->
+        # the recorder of a review and its duration; (crashed, denied_by, warned, mutated) -> the findings
+        # counters' increments (a handful of rule combinations occur). The endpoint picks its table by
+        # identity: an Enum member's hash is a Python-level call (Enum.__hash__), and hashing it in every
+        # key was most of `record` (py-spy, BENCHMARKS.md's layer table).
+        self._reviews: tuple[dict[tuple[str, str], ReviewRecorder], dict[tuple[str, str], ReviewRecorder]] = ({}, {})
+        self._findings: tuple[dict[tuple[object, ...], tuple[Increment, ...]],
+                              dict[tuple[object, ...], tuple[Increment, ...]]] = ({}, {})
         self.reviews = Counter(
             "gpu_stack_admission_reviews",
             "Admission requests answered, by endpoint, outcome and object kind.",
@@ -130,20 +133,23 @@ class Metrics:
     def record(self, endpoint: Endpoint, reply: Reply, seconds: float) -> None:
         """Count one answered review: a dict lookup per label set, then increments that stay in memory
         until the next flush in multiprocess mode (metric_values.py)."""
-        key = (endpoint, reply.outcome, kind_label(reply.request))
-        review = self._reviews.get(key)
+        table = 1 if endpoint is Endpoint.MUTATE else 0
+        key = (reply.outcome, kind_label(reply.request))
+        reviews = self._reviews[table]
+        review = reviews.get(key)
         if review is None:
-            review = self._reviews[key] = ReviewRecorder(
-                self.reviews.labels(endpoint.value, key[1], key[2]), self.duration.labels(endpoint.value)
+            review = reviews[key] = ReviewRecorder(
+                self.reviews.labels(endpoint.value, key[0], key[1]), self.duration.labels(endpoint.value)
             )
         review.observe(seconds)
         decision = reply.decision
         if decision is not None and (decision.denied_by or decision.warned or decision.mutated or decision.crashed):
             # Decision.severities() is a function of the rule roles: count them once per combination.
-            roles = (endpoint, decision.crashed, decision.denied_by, decision.warned, decision.mutated)
-            findings = self._findings.get(roles)
+            roles = (decision.crashed, decision.denied_by, decision.warned, decision.mutated)
+            by_roles = self._findings[table]
+            findings = by_roles.get(roles)
             if findings is None:
-                findings = self._findings[roles] = tuple(
+                findings = by_roles[roles] = tuple(
                     _counter_increment(self.findings.labels(endpoint.value, rule, severity))
                     for rule, severity in decision.severities()
                 )
