@@ -411,6 +411,8 @@ def test_policy_only_without_the_operators_crd_says_so(minor: Minor, releases_on
     (GPU010) naming what is missing, others admitted; one ERROR line; the ClusterPolicy asked once per follow
     interval (--policy-source-interval 1s), not in a retry loop."""
     cluster = minor.cluster
+    # On the session's plane another module's operator may have just removed it (its deletion ends in moments).
+    cluster.kubectl("wait", "--for=delete", "crd/clusterpolicies.nvidia.com", "--timeout=60s", check=False)
     assert cluster.kubectl("get", "crd", "clusterpolicies.nvidia.com", "--ignore-not-found", "-o", "name").stdout == ""
     release, _ = releases_on.install("policy-only-gpu-operator.yaml")
     namespace = cluster.create_namespace()
