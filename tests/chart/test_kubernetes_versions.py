@@ -111,6 +111,15 @@ def test_cel_mutation_stops_below_1_36(helm: int, kube_version: str, served: lis
     assert refused(result) == MAP + found + MAP_ALTERNATIVES
 
 
+def test_helm_template_without_api_versions_stops_cel_mutation_with_the_message(helm: int) -> None:
+    """No cluster, no --api-versions: Helm's own list names no MutatingAdmissionPolicy kind; the render asks for the
+    flag (or webhook.cel.assumeServed) instead of writing policies the cluster may not serve."""
+    message = refused(render_for(helm, "default", None, [], {"webhook.mutation.mode": "cel"}))
+    assert message.startswith(MAP + "Kubernetes v1.3"), message
+    assert message.endswith(", which serves no admissionregistration.k8s.io MutatingAdmissionPolicy"
+                            + MAP_ALTERNATIVES)
+
+
 @pytest.mark.parametrize("kube_version", ["1.32.13", "1.34.9", "1.36.2"])
 def test_cel_validation_renders_without_a_cluster_on_every_minor(helm: int, kube_version: str) -> None:
     """helm template knows no server version (its own default): the 1.36 floor of the policies' CEL is checked

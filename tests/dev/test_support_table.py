@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_stack_dev.generate.support_table import CELLS, rows
+from gpu_stack_dev.generate.support_table import BESIDE_OPERATOR, CELLS, rows
 
 OTHERS = "defaults and every other overlay (not DRA, not policy only) installed and uninstalled"
 
@@ -26,3 +26,11 @@ def test_one_failed_overlay_among_the_others_is_not_hidden() -> None:
     table = dict(rows({"1.34": results(**{"install default": "yes", "install k3s.yaml": "refused"})}))
     cell = table[OTHERS]
     assert cell == [f"1: {CELLS['refused']}; 1: yes"]
+
+
+def test_the_operator_row_is_its_own_result_not_the_policy_only_install() -> None:
+    """Policy only installed on a minor says nothing about the real GPU Operator beside it: that row is its own."""
+    installed = {"install policy-only-gpu-operator.yaml": "yes"}
+    assert dict(rows({"1.32": results(**installed)}))[BESIDE_OPERATOR] == ["not tested"]
+    beside = {**installed, "beside the GPU Operator": "yes"}
+    assert dict(rows({"1.32": results(**beside)}))[BESIDE_OPERATOR] == ["yes"]

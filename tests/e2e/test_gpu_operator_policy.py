@@ -27,6 +27,7 @@ from gpu_stack_dev import operator_cases
 from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release, Releases
 from gpu_stack_dev.e2e.gpu_operator import GpuOperator
 
+from .minors_results import record_session
 from .test_gpu_operator_real import WITH_PODS
 from .test_tls_selfmanaged import sa_kubeconfig
 
@@ -284,6 +285,9 @@ def test_the_operators_objects_cannot_be_borrowed(stack: Stack) -> None:
     assert [p["spec"]["containers"][0]["image"] for p in pods["nvidia-device-plugin-daemonset"]] == [image]
     stack.cluster.kubectl("label", "daemonset", "nvidia-device-plugin-daemonset", "-n", ns, "team-")
     assert no_failed_creates(operator) == []
+    # With test_installed_before_the_operator_its_pods_are_admitted: the 1.36 cell of the support table's row
+    # (tests/e2e/test_kubernetes_minors.py runs the two on 1.32 and 1.34).
+    record_session(stack.cluster, "beside the GPU Operator", "yes")
 
 
 def test_nri_mode_the_operators_annotated_pods_are_admitted_and_users_judged(stack: Stack) -> None:

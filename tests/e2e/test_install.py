@@ -2,6 +2,12 @@
 upgraded with one value changed, then uninstalled, with Helm 4 (and Helm 3 for the defaults and a MIG
 overlay). Overlays that need other projects' CRDs get minimal stand-ins (tests/e2e/crds/) first; without
 them the install must stop at once with our own message (tests/e2e/test_prerequisites.py).
+
+No `helm install --wait` here: this plane has no kubelet, so the Deployments' pods (the webhook, NFD's master
+and gc) are created but never Ready, and `--wait` would only time out. What it can honestly wait for is done
+instead (assert_workload_pods_created): every workload's pods made by the controller manager through this API
+server's admission. `helm uninstall --wait` is used (Releases.uninstall): deletion needs no kubelet. With a
+kubelet, tests/e2e/node installs with `--wait` and `helm test`.
 """
 
 from __future__ import annotations
@@ -78,6 +84,34 @@ def present(cluster: E2ECluster, release: Release, objects: list[tuple[str, str,
     return sorted(got)
 
 
+def assert_workload_pods_created(cluster: E2ECluster, release: Release, timeout: float = 120) -> dict[str, int]:
+    """What `helm install --wait` can honestly wait for on a plane without a kubelet: the release's controllers
+    have made the pods their workloads want, through this API server's admission and validation (a pod field
+    the server refuses shows here as a FailedCreate event). Not that they run: the Deployments' pods (webhook,
+    NFD master and gc) stay Pending without a node, so `--wait` itself would time out on them; the DaemonSets
+    want a pod per GPU node, none here. Returns each workload's pods (kind/name -> count)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        created, short = {}, []
+        for kind in ("deployment", "daemonset"):
+            for obj in cluster.get_json(kind, "-n", release.namespace, "-l", release.selector)["items"]:
+                name, status = f"{kind}/{obj['metadata']['name']}", obj.get("status") or {}
+                observed = status.get("observedGeneration") == obj["metadata"]["generation"]
+                want = obj["spec"].get("replicas", 1) if kind == "deployment" else status.get("desiredNumberScheduled")
+                selector = ",".join(f"{k}={v}" for k, v in obj["spec"]["selector"]["matchLabels"].items())
+                pods = [p for p in cluster.get_json("pods", "-n", release.namespace, "-l", selector)["items"]
+                        if not p["metadata"].get("deletionTimestamp")]
+                created[name] = len(pods)
+                if not observed or want is None or len(pods) != want:
+                    short.append(f"{name}: {len(pods)} of {want} pods")
+        if not short:
+            return created
+        failed = cluster.get_json("events", "-n", release.namespace, "--field-selector=reason=FailedCreate")["items"]
+        assert not failed, [f"{e['involvedObject']['name']}: {e.get('message')}" for e in failed]
+        assert time.monotonic() < deadline, f"the controllers did not make the workloads' pods: {short}"
+        time.sleep(1)
+
+
 def assert_nothing_left(cluster: E2ECluster, release: Release, objects: list[tuple[str, str, str]]) -> None:
     assert present(cluster, release, objects) == [], "still there after helm uninstall"
     deadline = time.monotonic() + 90
@@ -115,6 +149,8 @@ def lifecycle(cluster: E2ECluster, releases: Releases, overlay: str, helm_major:
     # policy only: another project's agents run the GPU nodes (docs/gpu-operator.md)
     assert ("DaemonSet" in kinds) is (overlay not in POLICY_ONLY_NAMESPACE)
     assert set(webhook_timeouts(cluster, release).values()) == {10}
+    pods = assert_workload_pods_created(cluster, release)
+    assert any(pods.values()), pods  # the webhook's own Deployment at least
 
     releases.upgrade(release, overlay, set_json={"webhook.timeoutSeconds": 7})
     history = json.loads(helm("history", release.name, "-n", release.namespace, "-o", "json").stdout)

@@ -8,10 +8,34 @@ left, a pod the webhook would deny then admitted); an overlay whose API the serv
 demo manifests through the API server; the CEL policies where served; `kubectl gpu-stack inspect`; an upgrade
 to the next chart version that rolls no pod.
 
+Also per minor: the webhook's live readers as the chart runs them (its flags, its ServiceAccount; minors_readers.py
+reads what it asked from its own debug log): claims and RuntimeClasses with lookups on, the ClusterPolicy in
+policy-only mode where the GPU Operator's CRD is absent (GPU010 naming it, one ERROR line, asked once per follow
+interval); the real GPU Operator v26.7.0 with policy only beside it (on 1.36: test_gpu_operator_policy.py). And
+once, a 1.32 plane with DRA's beta switched on: the DRA overlays refused naming v1beta1, the webhook's v1 claim
+reads not served (one request per API, one WARNING per API and rule, a privileged container beside a claim
+refused as where a claim cannot be read).
+
 1.36 is the session's plane (tests/e2e/conftest.py, the one every other module uses); 1.32 and 1.34 are started
 here, one at a time, each for its own tests (etcd + API server + controller manager of that minor, no
 scheduler: the v1.36.2 one must not run against an older server; nothing here needs pods bound). The node suite
-(tests/e2e/node) stays on 1.36.
+(tests/e2e/node) stays on 1.36: a kubelet newer than its API server is outside Kubernetes' version skew policy.
+
+`--wait`: every minor installs as test_install.py does on 1.36, without `helm install --wait`, and uninstalls
+with `helm uninstall --wait`. No plane here has a kubelet, so the pods the chart expects (its Deployments: the
+webhook, NFD's master and gc) are created but never Ready, and `--wait` could only time out; its DaemonSets want
+a pod per GPU node, and there is none. What can honestly be waited for is (test_install.assert_workload_pods_created):
+each workload's pods made by that minor's controller manager through that minor's admission and pod validation
+(a field an older server refuses would show as a FailedCreate). The chart has no Job and no install hook; its
+`helm test` pods need a node (tests/e2e/node runs them, and `--wait`, on 1.36).
+
+Cost (--durations=0, 2026-11-29, on the repository's 2-core machine shared with three other engineers' test runs,
+load average about 6: an upper bound for CI's 2 cores, within the 6 minutes each added minor may cost): 1.32
+4 min 07 s, 1.34 4 min 04 s (plane start 13 s, the 17 overlays 1 min 50 s / 2 min 15 s, the real GPU Operator
+beside policy only 48 s / 28 s, the live readers 39 s / 34 s, the rest about 35 s); the 1.36 column 1 min 29 s
+(its plane, overlays and operator are other modules'); the 1.32 plane with DRA's beta 21 s. Sharing: the plane
+start is 5 % of a minor, and on 2 cores planes or installs side by side compete for the same CPUs (the two minors
+side by side saved no time), so the minors run one after the other (docs/kubernetes-versions.md, "Cost").
 
 What each minor gave is kubernetes-minors.json beside this file: every test here asserts its outcome is the one
 recorded there, and `make generate` renders the support table of docs/kubernetes-versions.md and the README
@@ -21,6 +45,7 @@ with GPU_STACK_E2E_RECORD=1 and regenerate.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -34,7 +59,8 @@ import pytest
 import yaml
 from gpu_stack_dev import controlplane
 from gpu_stack_dev.chartlib import next_chart_version
-from gpu_stack_dev.e2e.e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, LiveWebhook, Releases, overlays
+from gpu_stack_dev.e2e import gpu_operator
+from gpu_stack_dev.e2e.e2elib import POLICY_ONLY_NAMESPACE, E2ECluster, LiveWebhook, Releases, overlays, unique
 from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap
 
 from tests.chart.test_kubernetes_versions import (
@@ -47,10 +73,22 @@ from tests.chart.test_kubernetes_versions import (
 )
 from tests.require import skip_or_fail
 
+from . import minors_readers as readers
 from . import minors_results
 from .inspect_api import api_client, apply_configmap, create_all, inspect
 from .test_cel_policies import _apply, _wait_enforced, assert_cel_verdicts
-from .test_install import STANDINS, apply_crds, assert_nothing_left, assert_pods_not_blocked, manifest_objects, present
+from .test_gpu_operator_policy import Stack as OperatorStack
+from .test_gpu_operator_policy import test_installed_before_the_operator_its_pods_are_admitted as its_pods_are_admitted
+from .test_gpu_operator_policy import test_the_operators_objects_cannot_be_borrowed as its_objects_cannot_be_borrowed
+from .test_install import (
+    STANDINS,
+    apply_crds,
+    assert_nothing_left,
+    assert_pods_not_blocked,
+    assert_workload_pods_created,
+    manifest_objects,
+    present,
+)
 from .test_prerequisites import assert_stopped_with
 from .test_upgrade_rollouts import NEEDS_CRDS, changed, workloads
 from .test_verdicts import MANIFESTS, Stack
@@ -105,6 +143,25 @@ def minor(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture
+def releases_on_beta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Releases]:
+    """A 1.32 plane with DRA's beta switched on, as a user would (the feature gate and --runtime-config)."""
+    if os.environ.get("GPU_STACK_E2E_CLUSTER") == "existing":
+        pytest.skip("a 1.32 plane of its own beside a throwaway 1.36 plane only")
+    try:
+        assets = controlplane.minor_assets("1.32")
+    except controlplane.ControlPlaneError as exc:
+        skip_or_fail(str(exc))
+    beta = ("--feature-gates=DynamicResourceAllocation=true", "--runtime-config=resource.k8s.io/v1beta1=true")
+    with controlplane.ControlPlane(assets, scheduler=False, apiserver_args=beta) as running:
+        base = E2ECluster.from_controlplane(running, tmp_path_factory.mktemp("helm-home-1.32-dra-beta"))
+        helper = Releases(replace(base, helm3_bin=base.helm4_bin))
+        try:
+            yield helper
+        finally:
+            helper.cleanup()
+
+
+@pytest.fixture
 def releases_on(minor: Minor) -> Iterator[Releases]:
     helper = Releases(minor.cluster)
     try:
@@ -151,6 +208,7 @@ def test_overlay_installs_and_uninstalls_or_stops_with_our_message(minor: Minor,
         kinds = {kind for kind, _, _ in objects}
         assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
         assert ("DaemonSet" in kinds) is (overlay not in POLICY_ONLY_NAMESPACE)
+        assert any(assert_workload_pods_created(cluster, release).values())  # as test_install.py's lifecycle
         if overlay in DRA_OVERLAYS:
             assert "DeviceClass" in kinds
         releases_on.uninstall(release)
@@ -276,12 +334,139 @@ def test_inspect_as_a_kubectl_plugin(minor: Minor) -> None:
         got = json.loads(result.stdout)
         assert [(n["name"], n.get("pods")) for n in got["nodes"]] == \
             [(n["name"], n.get("pods")) for n in expected["nodes"]]
+        # the ResourceSlices it reads: below 1.34 none are served, and the report says so
+        not_served = ["DRA devices not read: the API server does not serve resource.k8s.io/v1 resourceslices "
+                      "(Kubernetes before 1.34, or DRA switched off)"]
+        assert [n for n in got["notes"] if n.startswith("DRA ")] == ([] if minor.at_least("1.34") else not_served)
     finally:
         cluster.kubectl("delete", "pods", "-A", "-l", "gpu-stack.io/e2e=inspect-minor", "--wait=false", check=False)
         cluster.kubectl("delete", "nodes", "-l", "gpu-stack.io/e2e=inspect-minor", "--wait=false", check=False)
     record(minor, "inspect", "yes")
 
 
+@pytest.mark.older_minors_only  # on 1.36: tests/e2e/test_gpu_operator_policy.py (which records that column)
+def test_policy_only_beside_the_real_gpu_operator(minor: Minor, releases_on: Releases, tmp_path: Path) -> None:
+    """The real GPU Operator v26.7.0 on this minor (its chart's kubeVersion is ">= 1.16.0-0", and it discovers which
+    resource.k8s.io version the server serves, if any: deployments/gpu-operator/Chart.yaml and
+    controllers/clusterinfo/clusterinfo.go at v26.7.0), gpu-stack policy only beside it: the operator's own pods,
+    the validator's among them, admitted; its objects not borrowed (test_gpu_operator_policy.py's two cases)."""
+    if gpu_operator.source_dir() is None:
+        skip_or_fail("no GPU Operator build (../shared/gpu-operator or GPU_STACK_GPU_OPERATOR_SRC)")
+    with gpu_operator.GpuOperator(minor.cluster, tmp_path / "operator", namespace=unique("nv-operator")) as running:
+        (tmp_path / "stack").mkdir()
+        stack = OperatorStack(running, releases_on, tmp_path / "stack")
+        try:
+            its_pods_are_admitted(stack)
+            its_objects_cannot_be_borrowed(stack)
+        finally:
+            stack.stop()
+    record(minor, "beside the GPU Operator", "yes")
+
+
 def test_every_overlay_is_covered() -> None:
     """NEEDS_CRDS (the upgrade module's) and STANDINS name the same overlays: each gets its stand-in here."""
     assert set(NEEDS_CRDS) == set(STANDINS)
+
+
+def test_live_readers_read_what_the_server_serves(minor: Minor, releases_on: Releases, tmp_path: Path) -> None:
+    """The webhook as the chart runs it with lookups (webhook.lookups.enabled: claims read, RuntimeClasses followed),
+    on this minor's API server. On 1.32 (DRA off) the API server itself drops a pod's resourceClaims, so the webhook
+    never sees one and asks nothing of resource.k8s.io: the pods are plain pods, and judged so. Where claims are
+    served a missing claim is read once (cached) and a privileged container beside it refused (GPU003)."""
+    cluster = minor.cluster
+    release, _ = releases_on.install(set_json={"webhook.lookups.enabled": True})
+    namespace = cluster.create_namespace()
+    releases_on.namespaces.append(namespace)
+    nvidia = unique("e2e-nvidia")
+    cluster.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                          "metadata": {"name": nvidia}, "handler": "nvidia"}))
+    workload = readers.workload(nvidia)
+    try:
+        hook = readers.start_as_the_chart_runs_it(cluster, release, tmp_path / "lookups", namespace)
+        try:
+            seen = [{name: readers.verdict(cluster, namespace, obj)[0] for name, obj in workload.items()}
+                    for _ in range(2)]
+            stored = json.loads(cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-",
+                                                input=json.dumps(workload["claim"])).stdout)
+        finally:
+            hook.stop()
+    finally:
+        cluster.kubectl("delete", "runtimeclass", nvidia, "--ignore-not-found", check=False)
+    log = hook.log()
+    dra = minor.at_least("1.34")
+    assert seen == [readers.expected_verdicts(dra_served=dra)] * 2
+    assert ("resourceClaims" in stored["spec"]) is dra
+    # each claim read once (the second round is the lookup cache's), nothing where the server dropped them
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/"
+    assert readers.api_requests(log, "/apis/resource.k8s.io/") == (
+        [("GET", claims + "one-gpu", 404), ("GET", claims + "other-gpu", 404)] if dra else [])
+    assert readers.api_requests(log, "/apis/node.k8s.io/v1/runtimeclasses")  # the live RuntimeClasses, read
+    assert (readers.ours(log, "WARNING"), readers.ours(log, "ERROR")) == ([], [])
+    releases_on.uninstall(release)
+    record(minor, "webhook lookups", "yes")
+
+
+def test_policy_only_without_the_operators_crd_says_so(minor: Minor, releases_on: Releases, tmp_path: Path) -> None:
+    """policy-only-gpu-operator.yaml on a cluster without the GPU Operator (no ClusterPolicy CRD): GPU pods refused
+    (GPU010) naming what is missing, others admitted; one ERROR line; the ClusterPolicy asked once per follow
+    interval (--policy-source-interval 1s), not in a retry loop."""
+    cluster = minor.cluster
+    # On the session's plane another module's operator may have just removed it (its deletion ends in moments).
+    cluster.kubectl("wait", "--for=delete", "crd/clusterpolicies.nvidia.com", "--timeout=60s", check=False)
+    assert cluster.kubectl("get", "crd", "clusterpolicies.nvidia.com", "--ignore-not-found", "-o", "name").stdout == ""
+    release, _ = releases_on.install("policy-only-gpu-operator.yaml")
+    namespace = cluster.create_namespace()
+    releases_on.namespaces.append(namespace)
+    hook = readers.start_as_the_chart_runs_it(cluster, release, tmp_path / "operator", namespace)
+    try:
+        gpu = readers.verdict(cluster, namespace, readers.pod("gpu", gpus=1))
+        plain = readers.verdict(cluster, namespace, readers.pod("plain"))
+        time.sleep(5)  # a few follow intervals
+    finally:
+        hook.stop()
+    assert gpu[1].endswith(readers.DENIED + readers.NO_CLUSTER_POLICY), gpu[1]
+    assert plain == ("allowed", "")
+    log = hook.log()
+    assert readers.ours(log, "ERROR") == ["GPU pods are denied: GPU Operator ClusterPolicy cluster-policy and the "
+                                          "cluster's RuntimeClasses cannot be read"]
+    asked = readers.request_times(log, "/apis/nvidia.com/v1/clusterpolicies/cluster-policy")
+    assert len(asked) >= 3, asked
+    gaps = [later - earlier for earlier, later in itertools.pairwise(asked)]
+    assert min(gaps) >= 0.5, gaps  # once per 1 s interval (a retry loop asks within milliseconds)
+
+
+def test_dra_beta_switched_on_is_not_used(releases_on_beta: Releases, tmp_path: Path) -> None:
+    """Kubernetes 1.32 with DRA's beta switched on (DynamicResourceAllocation gate, resource.k8s.io/v1beta1): the
+    DRA overlays stop with the message naming v1beta1; the webhook, reading claims as v1, gets "404 page not found"
+    (not served): a privileged container beside a claim is refused as where the claim cannot be read (GPU003, the
+    note saying why), each API is asked once however many pods name claims, one WARNING per API and rule."""
+    cluster = releases_on_beta.cluster
+    release, proc = releases_on_beta.install("dra.yaml", check=False)
+    server = _version(cluster)["serverVersion"]["gitVersion"]
+    found = (f"Kubernetes {server}, which serves resource.k8s.io DeviceClass only as v1beta1, which the chart does "
+             "not use")
+    assert_stopped_with(cluster, release, proc.returncode, proc.stderr, DRA + found + DRA_ALTERNATIVES)
+    release, _ = releases_on_beta.install(set_json={"webhook.lookups.enabled": True})
+    namespace = cluster.create_namespace()
+    releases_on_beta.namespaces.append(namespace)
+    hook = readers.start_as_the_chart_runs_it(cluster, release, tmp_path / "lookups", namespace)
+    try:
+        seen = [readers.verdict(cluster, namespace, readers.pod(f"p{i}", claim=f"claim-{i}", privileged=True))
+                for i in range(3)]
+        template = readers.pod("t", claim="one-gpu", privileged=True)
+        template["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        seen.append(readers.verdict(cluster, namespace, template))
+    finally:
+        hook.stop()
+    not_served = "the API server does not serve resource.k8s.io/v1 {0}, so the rule cannot read {0}"
+    for i, (outcome, printed) in enumerate(seen[:3]):
+        assert outcome == "denied: GPU003", printed
+        assert f'(claim "gpu" (ResourceClaim "claim-{i}"): {not_served.format("resourceclaims")})' in printed, printed
+    assert seen[3][0] == "denied: GPU003" and not_served.format("resourceclaimtemplates") in seen[3][1], seen[3]
+    log = hook.log()
+    assert [path.rsplit("/", 2)[1] for _, path, _ in readers.api_requests(log, "/apis/resource.k8s.io/")] == [
+        "resourceclaims", "resourceclaimtemplates"]
+    # once per API and rule that asked (GPU002 and GPU003 read these pods' claims), however many pods
+    assert readers.ours(log, "WARNING") == [
+        f"the API server does not serve resource.k8s.io/v1 {what}: rule {rule} cannot be applied to the pods' {what} "
+        "on this API server" for what in ("resourceclaims", "resourceclaimtemplates") for rule in ("GPU002", "GPU003")]

@@ -34,12 +34,15 @@ from gpu_stack_dev.controlplane.pki import Pki, write_kubeconfig, write_pki
 
 
 class ControlPlane:
-    def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None, scheduler: bool = True) -> None:
+    def __init__(self, assets: Path, keep: bool = False, node_ip: str | None = None, scheduler: bool = True,
+                 apiserver_args: tuple[str, ...] = ()) -> None:
         """`node_ip`: serve a real node too (gpu_stack_dev.node): the API server also listens on that address,
         advertises it as the `kubernetes` Service's endpoint (pods reach it through kube-proxy), and calls
         kubelets at their InternalIP (`kubectl logs`, `exec`). `scheduler=False`: no kube-scheduler (an older
         minor's plane, base.minor_assets: the v1.36.2 scheduler must not run against an older API server), so
-        pods stay Pending."""
+        pods stay Pending. `apiserver_args`: more kube-apiserver flags (a feature gate and --runtime-config
+        switching an API on)."""
+        self.apiserver_args = apiserver_args
         self.assets = assets
         self.scheduler = scheduler
         self.keep = keep
@@ -160,7 +163,7 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--enable-aggregator-routing=true",
-            "--allow-privileged=true", "--v=1",
+            "--allow-privileged=true", "--v=1", *self.apiserver_args,
         ])
         kubeconfig = write_kubeconfig(self.workdir / "admin.kubeconfig", server, pki.ca_cert,
                                       pki.admin_cert, pki.admin_key)

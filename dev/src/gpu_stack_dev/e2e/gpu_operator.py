@@ -188,6 +188,15 @@ class GpuOperator:
             self.process = None
         kubectl = self.cluster.kubectl
         kubectl("delete", "clusterpolicies.nvidia.com", "--all", "--ignore-not-found", "--wait=true", check=False)
+        # The ClusterPolicy's RuntimeClasses go with it (GC): later installs may create an "nvidia" of their own. Waited
+        # for while its CRD is still there: the garbage collector must map the owner's kind to see it gone (a plane
+        # just started may not watch the CRD yet: it does within its discovery resync, 30 s).
+        left: GpuOperatorError | None = None
+        try:
+            wait_for("the operator's RuntimeClasses garbage-collected", lambda: not self.runtime_classes() or None,
+                     timeout=90)
+        except GpuOperatorError as exc:
+            left = exc  # raised once the rest is removed
         for name in self.nodes:
             kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
         self.nodes.clear()
@@ -198,8 +207,8 @@ class GpuOperator:
                 kubectl("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", check=False)
         kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s",
                 *(a for c in CRDS for a in ("-f", str(self.source / "crds" / c))), check=False)
-        # The ClusterPolicy's RuntimeClasses go with it (GC): later installs may create an "nvidia" of their own.
-        wait_for("the operator's RuntimeClasses garbage-collected", lambda: not self.runtime_classes() or None)
+        if left is not None:
+            raise left
 
     def _running(self) -> bool:  # or GpuOperatorError with its log once the operator has exited
         if self.process is not None and self.process.poll() is not None:

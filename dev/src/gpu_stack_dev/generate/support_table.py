@@ -13,14 +13,16 @@ SECTION = "support-table"
 SOURCE = "tests/e2e/kubernetes-minors.json (make e2e's results per minor)"
 RESULTS = ROOT / "tests" / "e2e" / "kubernetes-minors.json"
 DRA = ("dra.yaml", "dra-mps-memory-slices.yaml")
-# Installed and uninstalled on each minor (with the operator's namespace, no operator running there: the real GPU
-# Operator beside policy-only mode runs on 1.36 only, tests/e2e/test_gpu_operator_policy.py).
 POLICY_ONLY = {
     "policy-only-gpu-operator.yaml": "policy only for the GPU Operator (`policy-only-gpu-operator.yaml`) installed "
-                                     "and uninstalled; beside the real operator on 1.36 only",
+                                     "and uninstalled",
     "policy-only-device-plugin.yaml": "policy only for the device-plugin chart (`policy-only-device-plugin.yaml`) "
                                       "installed and uninstalled",
 }
+# The real GPU Operator v26.7.0 running, policy only beside it (tests/e2e/test_gpu_operator_policy.py on 1.36, two of
+# its cases on the older minors in tests/e2e/test_kubernetes_minors.py).
+BESIDE_OPERATOR = ("policy only beside the real GPU Operator v26.7.0: its pods (the validator's among them) "
+                   "admitted, its objects not borrowed")
 CELLS = {"yes": "yes", "refused": "refused: `gpu-stack:` message, nothing created"}
 
 
@@ -44,11 +46,14 @@ def rows(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
         ("defaults and every other overlay (not DRA, not policy only) installed and uninstalled",
          [_cell([r.get(f"install {o}") for o in others]) for r in got]),
         ("webhook verdicts through the API server", [_cell([r.get("webhook mode")]) for r in got]),
+        ("webhook lookups (`webhook.lookups.enabled`: DRA claims where served, RuntimeClasses followed)",
+         [_cell([r.get("webhook lookups")]) for r in got]),
         ("CEL validation (`webhook.validation.mode=cel`)", [_cell([r.get("CEL validation")]) for r in got]),
         ("CEL mutation (`webhook.mutation.mode=cel`)", [_cell([r.get("CEL mutation")]) for r in got]),
         ("DRA overlays (`dra.yaml`, `dra-mps-memory-slices.yaml`)", [_cell([r.get(f"install {o}") for o in DRA])
                                                                      for r in got]),
         *((label, [_cell([r.get(f"install {o}")]) for r in got]) for o, label in POLICY_ONLY.items()),
+        (BESIDE_OPERATOR, [_cell([r.get("beside the GPU Operator")]) for r in got]),
         ("upgrade to the next chart version (no pod rolled)", [_cell([r.get("upgrade")]) for r in got]),
         ("`kubectl gpu-stack inspect`", [_cell([r.get("inspect")]) for r in got]),
     ]

@@ -9,7 +9,8 @@ read with the user's kubeconfig through the `kubernetes` client.
   is missing or forbidden the report still shows what the node labels say, with a note.
 - DRA (resource.k8s.io/v1): ResourceSlices of the NVIDIA DRA driver (field selector spec.driver, and
   spec.nodeName for one --node) and ResourceClaims in every namespace, paged. An API server that does not
-  serve resource.k8s.io/v1 answers 404: no DRA devices; a forbidden read leaves a note.
+  serve resource.k8s.io/v1 (before Kubernetes 1.34, or DRA switched off): no DRA devices, and a note saying so;
+  a forbidden read leaves a note.
 - The chart's Grafana dashboards: its labelled ConfigMaps and grafana-operator GrafanaDashboards in the
   dashboards namespace (a list each, label-selected; the chart's namespaced Role grants it). Forbidden
   reads leave a note, a GrafanaDashboard API the cluster does not serve is no dashboards.
@@ -32,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gpu_stack_webhook.kube.client import ApiUnavailable, KubeError, KubernetesClientApi
+from gpu_stack_webhook.kube.client import ApiUnavailable, KubeError, KubernetesClientApi, NotServed
 from gpu_stack_webhook.kube.connect import ClientConfigError
 from gpu_stack_webhook.kube.connect import api_client as new_api_client
 
@@ -109,24 +110,27 @@ class Reader:
         return None if raw is None else dict(orjson.loads(raw))
 
     def _raw(self, method: Callable[..., Any], verb: str, resource: str, scope: str, *args: Any,
-             **kwargs: Any) -> bytes | None:
-        """The response body as sent; None for 404; an InspectError for anything else that is not 2xx."""
+             served: str = "", **kwargs: Any) -> bytes | None:
+        """The response body as sent; None for 404; an InspectError for anything else that is not 2xx.
+        `served`: an API the server may not serve (NotServed, kube/client.py, when it does not)."""
         self.requests += 1
         try:
-            return self.api.read_raw(method, *args, **kwargs)
+            return self.api.read_raw(method, *args, served=served, **kwargs)
+        except NotServed:
+            raise
         except KubeError as exc:
             if isinstance(exc, ApiUnavailable) and exc.status == 0:
                 raise InspectError(f"cannot reach the Kubernetes API server at {self.host}: {exc.message}") from None
             raise _refused(exc, self.host, verb, resource, scope) from None
 
     def list_all(self, method: Callable[..., Any], resource: str, scope: str, *args: Any, chunk_size: int,
-                 **selectors: str | None) -> Iterator[dict[str, Any]]:
+                 served: str | None = None, **selectors: str | None) -> Iterator[dict[str, Any]]:
         """Every item, page by page. The next page is requested as soon as this one's continue token is
         read from the top of its body, so the server prepares it while this one is parsed."""
         kwargs = {k: v for k, v in selectors.items() if v}
 
         def fetch(token: str | None) -> bytes | None:
-            return self._raw(method, "list", resource, scope, *args, limit=chunk_size,
+            return self._raw(method, "list", resource, scope, *args, limit=chunk_size, served=served or "",
                              **({"_continue": token} if token else {}), **kwargs)
 
         with ThreadPoolExecutor(1, thread_name_prefix="inspect-prefetch") as prefetch:
@@ -190,10 +194,13 @@ class Reader:
         try:
             slices = list(self.list_all(self.custom.list_cluster_custom_object, f"resourceslices.{DRA_GROUP}",
                                         "at the cluster scope", DRA_GROUP, DRA_VERSION, "resourceslices",
-                                        chunk_size=query.chunk_size, field_selector=selector))
+                                        chunk_size=query.chunk_size, field_selector=selector,
+                                        served=f"{DRA_GROUP}/{DRA_VERSION} resourceslices"))
             claims = list(self.list_all(self.custom.list_cluster_custom_object, f"resourceclaims.{DRA_GROUP}",
                                         "at the cluster scope", DRA_GROUP, DRA_VERSION, "resourceclaims",
                                         chunk_size=query.chunk_size)) if slices else []
+        except NotServed as exc:
+            return [], [], [f"DRA devices not read: {exc.message} (Kubernetes before 1.34, or DRA switched off)"]
         except InspectError as exc:
             if not str(exc).startswith("forbidden"):
                 raise

@@ -66,18 +66,25 @@ class ApiUnavailable(KubeError):
 
 
 class NotServed(KubeError):
-    """404 without a NotFound Status: the API server does not serve that group/version at all (its "404 page
-    not found"), as resource.k8s.io/v1 before Kubernetes 1.34 or with DRA switched off; not a missing object.
-    Asking again does not help: the caller says the rule cannot be applied (kube/lookups.py)."""
+    """404 that is not a missing object: the API server does not serve that group/version at all, as
+    resource.k8s.io/v1 before Kubernetes 1.34 or with DRA switched off. A group it does not serve at all gets its
+    plain-text "404 page not found"; a version it does not serve of a group it serves (resource.k8s.io/v1 on 1.32
+    with the v1beta1 switched on) a Status NotFound that names no object ("the server could not find the requested
+    resource", details empty). Asking again does not help: the caller says the rule cannot be applied
+    (kube/lookups.py)."""
 
 
 def object_not_found(body: bytes | str | None) -> bool:
-    """True for the metav1.Status a served resource answers a missing object with (reason NotFound)."""
+    """True for the metav1.Status a served resource answers a missing object with: reason NotFound, naming the
+    object (details.name), as `resourceclaims.resource.k8s.io "x" not found`."""
     try:
         parsed = json.loads(body or b"")
     except ValueError:
         return False
-    return isinstance(parsed, Mapping) and parsed.get("kind") == "Status" and parsed.get("reason") == "NotFound"
+    if not isinstance(parsed, Mapping) or parsed.get("kind") != "Status" or parsed.get("reason") != "NotFound":
+        return False
+    details = parsed.get("details")
+    return isinstance(details, Mapping) and bool(details.get("name"))
 
 
 _BY_REASON: dict[str, type[KubeError]] = {
@@ -297,7 +304,8 @@ class KubernetesClientApi:
         return None if body is None else {str(k): str(v) for k, v in (body.get("data") or {}).items()}
 
     def read_cluster_policy(self, name: str) -> dict[str, Any] | None:
-        body = self._call(self.custom.get_cluster_custom_object, "nvidia.com", "v1", "clusterpolicies", name)
+        body = self._call(self.custom.get_cluster_custom_object, "nvidia.com", "v1", "clusterpolicies", name,
+                          served="nvidia.com/v1 clusterpolicies (the GPU Operator's CRDs are not installed)")
         return body if isinstance(body, dict) else None
 
     def read_runtime_class(self, name: str) -> str | None:

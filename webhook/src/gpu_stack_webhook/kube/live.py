@@ -7,8 +7,9 @@ A read the API server does not answer (no permission, unreachable, a timeout: Re
 the last answer to the same get or list is used instead for `keep` seconds after it was read (LastGood), so
 a short outage of the API server does not deny the cluster's GPU and sandboxed pods; past that the policy
 fails closed. What the API server answers and the policy refuses (a ClusterPolicy of the wrong version, a
-missing ConfigMap) fails closed at once. Each reader tells when its source was last read in full
-(`last_reads`, the metric gpu_stack_policy_source_last_read_timestamp_seconds, server/metrics.py).
+missing ConfigMap, an API it does not serve: the ClusterPolicy CRD not installed) fails closed at once. Each
+reader tells when its source was last read in full (`last_reads`, the metric
+gpu_stack_policy_source_last_read_timestamp_seconds, server/metrics.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from gpu_stack_webhook.kube.client import Forbidden, KubeApi, KubeError
+from gpu_stack_webhook.kube.client import Forbidden, KubeApi, KubeError, NotServed
 from gpu_stack_webhook.policy.config import GpuOperatorIdentity, PolicyConfig, RuntimeClasses
 from gpu_stack_webhook.policy.live import (
     device_plugin_policy,
@@ -45,6 +46,8 @@ class ReadError(SourceError):
 def _get(ask: Callable[[], T], verb: str, what: str) -> T:
     try:
         return ask()
+    except NotServed as exc:  # answered: no such API here (a CRD not installed); fails closed at once, not kept
+        raise SourceError(f"{what} cannot be read: {exc.message}") from None
     except Forbidden as exc:
         raise ReadError(f"no permission to {verb} {what} ({exc.message})") from None
     except KubeError as exc:

@@ -1,7 +1,10 @@
 """`ApiFacts`: the policy's `ClusterFacts` answered from the Kubernetes API, with a small TTL cache.
 
 The admission path pays for an API call at most once per TTL and object, with the adapter's short
-request timeout; when the API cannot be asked the fact is unknown with a note for the rules' warnings.
+request timeout; when the API cannot be asked the fact is unknown with a note for the rules' warnings. An API
+the server does not serve at all (resource.k8s.io/v1 before Kubernetes 1.34, or DRA switched off) is asked once
+per TTL for all its objects, and logged once per API and rule that cannot be applied (tests/webhook/
+test_kube_not_served.py; on the real 1.32 API server: tests/e2e/test_kubernetes_minors.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError, NotServed
-from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact, OfflineFacts
+from gpu_stack_webhook.policy.facts import ASKING_RULE, ENFORCE_LABEL, Fact, OfflineFacts
 
 log = logging.getLogger("gpu_stack_webhook.kube.lookups")
 
@@ -56,30 +59,51 @@ class ApiFacts:
         self.ttl = ttl
         self.error_ttl = error_ttl
         self.cache = TtlCache(clock)
-        self.not_served: set[str] = set()  # what was logged as not served (once per API, not per request)
+        # An API the server does not serve (kube.client.NotServed), by the resource asked: its note, until when it
+        # is not asked again (one request per TTL for the whole API, not one per object), and the rules whose
+        # failure to apply was logged (one line per API and rule, not one per request).
+        self.not_served: dict[str, tuple[float, str]] = {}
+        self.logged: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
 
     def _cached(self, key: Hashable, what: str, ask: Callable[[], Any]) -> Fact[Any]:
         found = self.cache.get(key)
         if found is not None:
+            if not found.known and what in self.not_served:  # another rule asking: named once too
+                self._log_not_served(what, self.not_served[what][1])
             return found  # type: ignore[no-any-return]
+        unserved = self.not_served.get(what)
+        if unserved is not None and unserved[0] > self.cache.clock():
+            self._log_not_served(what, unserved[1])
+            return Fact(note=f"{unserved[1]}, so the rule cannot read {what}")
         try:
             fact: Fact[Any] = Fact(known=True, value=ask())
             ttl = self.ttl
         except Forbidden:
             fact, ttl = Fact(note=f"no permission to read {what}"), self.ttl
         except NotServed as exc:
-            # Not retried sooner than a found object: the server's version does not change within a TTL.
+            # Not asked again sooner than a found object: the server's version does not change within a TTL.
+            self.not_served[what] = (self.cache.clock() + self.ttl, exc.message)
+            self._log_not_served(what, exc.message)
             fact, ttl = Fact(note=f"{exc.message}, so the rule cannot read {what}"), self.ttl
-            if what not in self.not_served:
-                self.not_served.add(what)
-                log.warning("%s: the rules that read %s cannot be applied on this API server", exc.message, what,
-                            extra={"event": "api-not-served", "resource": what})
         except ApiUnavailable:
             fact, ttl = Fact(note="API unreachable"), self.error_ttl
         except KubeError as exc:
             fact, ttl = Fact(note=f"API error {exc.status} reading {what}"), self.error_ttl
         self.cache.put(key, fact, ttl)
         return fact
+
+    def _log_not_served(self, what: str, message: str) -> None:
+        """One WARNING per API and rule: which rule cannot be applied on this API server, and why."""
+        rule = ASKING_RULE.get()
+        if not rule:  # asked outside a rule (which requests it may act on): the rules that ask next are named
+            return
+        with self.lock:
+            if (what, rule) in self.logged:
+                return
+            self.logged.add((what, rule))
+        log.warning("%s: rule %s cannot be applied to the pods' %s on this API server", message, rule, what,
+                    extra={"event": "api-not-served", "resource": what, "rule": rule})
 
     def configmap_keys(self, namespace: str, name: str) -> Fact[frozenset[str]]:
         return self._cached(("cm", namespace, name), "ConfigMaps", lambda: self.api.read_configmap(namespace, name))

@@ -211,7 +211,10 @@ def pod_claims(pod: PodView, ctx: Context) -> dict[str, PodClaim]:
     for entry in entries if isinstance(entries, list) else ():
         if isinstance(entry, dict) and isinstance(entry.get("name"), str):
             found[entry["name"]] = _resolve_claim(entry, ctx)
-    pod.memo[pod_claims] = (ctx.facts, found)
+    # A claim that could not be read is asked again by each rule (from the lookups' cache, no request): so each rule
+    # that cannot be applied is the one that asks, and is named in the lookups' log line (kube/lookups.py).
+    if all(claim.gpu is not None for claim in found.values()):
+        pod.memo[pod_claims] = (ctx.facts, found)
     return found
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
-from gpu_stack_webhook.policy.facts import OFFLINE, ClusterFacts
+from gpu_stack_webhook.policy.facts import ASKING_RULE, OFFLINE, ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
@@ -101,10 +101,13 @@ class Policy:
         pod = PodView.of(obj, kind, patchable=patching)
         findings: list[Finding] = []
         for rule in self._mutating if mutating_only else self.rules:
+            asking = ASKING_RULE.set(rule.id)
             try:
                 findings.extend(rule.check(pod, ctx))
             except Exception as error:  # a rule bug must become a decision, never a 500 traceback
                 raise RuleCrashed(rule, error) from error
+            finally:
+                ASKING_RULE.reset(asking)
         return Evaluation(tuple(findings), pod.desired.patch())
 
     def _evaluate_object(self, obj: Mapping[str, Any], kind: str, ctx: Context, patching: bool,

@@ -17,6 +17,7 @@ RuntimeClass (policy/runtime_classes.py), and the owner of a DaemonSet (policy/o
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -24,6 +25,9 @@ T = TypeVar("T")
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 # Pod Security levels that forbid hostIPC (https://kubernetes.io/docs/concepts/security/pod-security-standards/).
 FORBID_HOST_IPC = frozenset({"baseline", "restricted"})
+# The ID of the rule being evaluated (policy/engine.py sets it around each rule): a lookup that cannot be made
+# (kube/lookups.py, an API the server does not serve) names the rule it cannot serve in its log line.
+ASKING_RULE: ContextVar[str] = ContextVar("asking_rule", default="")
 
 
 @dataclass(frozen=True, slots=True)
