@@ -8,19 +8,32 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_stack_dev import netns
 from gpu_stack_dev.dcgm_fixture import Device, PodUse, chart_fields, exposition
 from gpu_stack_dev.e2e.e2elib import E2ECluster
-from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap, pod
+from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap, pod, render_chart
 from gpu_stack_dev.prometheus_server import Exporter, PrometheusServer, free_port
 from kubernetes import client
 
-from .inspect_api import api_client, apply_configmap, create_all, inspect
+from .inspect_api import (
+    api_client,
+    apply_configmap,
+    create_all,
+    create_objects,
+    create_pod,
+    delete_objects,
+    ensure_namespaces,
+    inspect,
+    service_account_kubeconfig,
+)
 
 pytestmark = pytest.mark.e2e
 P = "usage-"  # node name prefix: the inspect e2e module's nodes may still be there
@@ -29,6 +42,7 @@ SELECTOR = "gpu-stack.io/e2e=inspect-usage"
 CONFIGMAP_NAMESPACE = "inspect-usage-e2e"
 WINDOW = 20  # seconds of samples the Prometheus holds before the command runs (--since 20s)
 DRA_NODE = f"{P}gpu-dra"
+PROMETHEUS_IP = "192.0.2.10"
 DRA_LABELS = {"dra_claim_name": "trainer-gpu", "dra_claim_namespace": "ml", "dra_driver_name": "gpu.nvidia.com",
               "dra_pool_name": DRA_NODE, "dra_device_name": "gpu-1"}
 
@@ -95,6 +109,10 @@ class Plane:
     kubeconfig: Path
     prometheus: str
 
+    @property
+    def port(self) -> int:
+        return int(self.prometheus.rsplit(":", 1)[1])
+
 
 @pytest.fixture(scope="module")
 def plane(cluster: E2ECluster) -> Iterator[Plane]:
@@ -108,8 +126,13 @@ def plane(cluster: E2ECluster) -> Iterator[Plane]:
     _dra(api)
     text = exposition(devices(), chart_fields(), virtual_gpus=True)
     exporter = Exporter(lambda: text)
+    # The API server proxies only to addresses that are not loopback: Prometheus listens on one of the
+    # documentation range (TEST-NET-1) put on this run's own network namespace's lo (hack/netns.py).
+    if not netns.inside():
+        pytest.fail("run under hack/netns.py: the test adds an address to its network namespace")
+    subprocess.run(["ip", "addr", "replace", f"{PROMETHEUS_IP}/32", "dev", "lo"], check=True)
     try:
-        with PrometheusServer([exporter.target]) as prometheus:
+        with PrometheusServer([exporter.target], host=PROMETHEUS_IP) as prometheus:
             prometheus.wait_for_history("DCGM_FI_DEV_FB_USED", WINDOW, series=len(devices()))
             yield Plane(kubeconfig, prometheus.url)
     finally:
@@ -192,3 +215,75 @@ def test_bad_since_is_a_usage_error(plane: Plane) -> None:
                      kubeconfig=plane.kubeconfig)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == "error: not a duration: 'soon' (e.g. 30m, 2h, 90s)\n"
+
+
+def _service(api: client.ApiClient, namespace: str, name: str, port: int | None) -> None:
+    """A Service without selector in front of the Prometheus, as prometheus-operator's prometheus-operated is
+    in front of its pods, and its Endpoints (no address when `port` is None). The API server proxies only to an
+    endpoint whose targetRef is a pod with that IP (pkg/registry/core/service/storage ResourceLocation,
+    isValidAddress): a Pod stands for the Prometheus process, its status as a kubelet would write it."""
+    ensure_namespaces(api, [namespace])
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service(namespace, {"metadata": {"name": name}, "spec": {
+        "ports": [{"name": "web", "port": 9090, "targetPort": "web"}]}})
+    if port is None:
+        core.create_namespaced_endpoints(namespace, {"metadata": {"name": name}, "subsets": []})
+        return
+    create_pod(api, pod(namespace, f"{name}-0", DRA_NODE, [{"name": "prometheus", "image": "prometheus"}]))
+    core.patch_namespaced_pod_status(f"{name}-0", namespace, {"status": {
+        "phase": "Running", "podIP": PROMETHEUS_IP, "podIPs": [{"ip": PROMETHEUS_IP}]}})
+    core.create_namespaced_endpoints(namespace, {"metadata": {"name": name}, "subsets": [
+        {"addresses": [{"ip": PROMETHEUS_IP, "targetRef": {"kind": "Pod", "namespace": namespace,
+                                                          "name": f"{name}-0"}}],
+         "ports": [{"name": "web", "port": port}]}]})
+
+
+@pytest.fixture(scope="module")
+def services(plane: Plane) -> Iterator[None]:
+    api = api_client(plane.kubeconfig)
+    _service(api, "monitoring", "prometheus-operated", plane.port)
+    _service(api, "monitoring", "no-pods", None)
+    yield
+    client.CoreV1Api(api).delete_namespace("monitoring")
+
+
+def test_the_default_path_is_the_api_server_proxy_to_prometheus_operated(plane: Plane, services: None) -> None:
+    proxied = inspect(*ARGS, "--usage", "-o", "json", kubeconfig=plane.kubeconfig)
+    direct = inspect(*ARGS, "--usage", "-o", "json", "--prometheus", plane.prometheus, kubeconfig=plane.kubeconfig)
+    assert (proxied.returncode, direct.returncode) == (6, 6), proxied.stderr
+    via, straight = json.loads(proxied.stdout)["usage"], json.loads(direct.stdout)["usage"]
+    assert via["prometheus"] == "service monitoring/prometheus-operated:9090 (through the API server's proxy)"
+    figures = ("namespace", "name", "resource", "figures", "utilizationMetric")
+    assert [[h[k] for k in figures] for h in via["holders"]] == [[h[k] for k in figures] for h in straight["holders"]]
+
+
+def test_a_service_without_pods_is_unreachable(plane: Plane, services: None) -> None:
+    result = inspect(*ARGS, "--usage", "--prometheus-service", "monitoring/no-pods:9090", kubeconfig=plane.kubeconfig)
+    assert result.returncode == 3
+    assert result.stderr.startswith("error: cannot reach Prometheus at service monitoring/no-pods:9090 (through the "
+                                    "API server's proxy): HTTP 503: ")
+
+
+def test_rbac_without_services_proxy_is_refused(plane: Plane, services: None, tmp_path: Path) -> None:
+    # The chart's inspect ClusterRole and Role let the user read the cluster, not proxy to a Service.
+    api = api_client(plane.kubeconfig)
+    user = service_account_kubeconfig(api, plane.kubeconfig, CONFIGMAP_NAMESPACE, "usage-viewer", tmp_path / "sa")
+    subject = {"kind": "ServiceAccount", "name": "usage-viewer", "namespace": CONFIGMAP_NAMESPACE}
+    objects = render_chart(["--set-json", f"inspect.rbac.subjects={json.dumps([subject])}",
+                            "--show-only", "templates/inspect/clusterrole.yaml",
+                            "--show-only", "templates/inspect/clusterrolebinding.yaml",
+                            "--show-only", "templates/inspect/role.yaml",
+                            "--show-only", "templates/inspect/rolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
+    create_objects(api, objects)
+    try:
+        for _ in range(50):  # RBAC changes reach the authorizer's cache within moments
+            result = inspect(*ARGS, "--usage", kubeconfig=user)
+            if result.returncode != 1:
+                break
+            time.sleep(0.2)
+    finally:
+        delete_objects(api, objects)
+    assert result.returncode == 4, result.stderr
+    assert result.stderr.startswith("error: Prometheus at service monitoring/prometheus-operated:9090 (through the API "
+                                    "server's proxy) refused the request (403 Forbidden): ")
+    assert result.stderr.endswith("; proxying needs `get` on services/proxy for monitoring/prometheus-operated\n")

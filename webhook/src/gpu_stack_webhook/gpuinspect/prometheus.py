@@ -100,29 +100,33 @@ class ProxyTransport:
 
     def get(self, path: str, params: Sequence[tuple[str, str]]) -> bytes:
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415 - start-up time
-        from urllib3.exceptions import HTTPError, TimeoutError as Urllib3Timeout  # noqa: PLC0415
+        from urllib3.exceptions import HTTPError  # noqa: PLC0415
+        from urllib3.exceptions import TimeoutError as Urllib3Timeout  # noqa: PLC0415
 
         try:
-            response = self.api.call_api(f"{self.path}{path}", "GET", query_params=list(params),
-                                         auth_settings=["BearerToken"], _preload_content=False,
-                                         _request_timeout=(5.0, self.timeout))
-            return bytes(response[0].data if isinstance(response, tuple) else response.data)
-        except ApiException as exc:
-            body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
-            status = int(exc.status or 0)
-            if status in (401, 403):
-                hint = (f"; proxying needs `get` on services/proxy for {self.service}" if status == 403 else "")
-                raise _status_error(self.where, status, _error_text(body), hint) from None
-            if status in (502, 503, 404):  # no endpoints, the pod refuses the connection, no such Service
-                raise PrometheusError("unreachable", f"cannot reach Prometheus at {self.where}: HTTP {status}: "
-                                                     f"{_error_text(body)[:300]}") from None
-            raise _status_error(self.where, status, _error_text(body), "") from None
+            method, url, headers, _, _ = self.api.param_serialize(
+                "GET", f"{self.path}{path}", query_params=list(params), header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"])
+            response = self.api.call_api(method, url, header_params=headers, _request_timeout=(5.0, self.timeout))
+            body, status = bytes(response.read()), int(response.status)
+        except ApiException as exc:  # the client's own: a TLS failure
+            raise PrometheusError("unreachable", f"cannot reach Prometheus at {self.where}: {exc.reason}") from None
         except Urllib3Timeout:
             raise PrometheusError("unreachable", f"Prometheus at {self.where} did not answer within "
                                                  f"{self.timeout:g} s (--prometheus-timeout)") from None
         except (HTTPError, OSError) as exc:
             raise PrometheusError("unreachable", f"cannot reach Prometheus at {self.where}: "
                                                  f"{type(exc).__name__}: {exc}") from None
+        if 200 <= status < 300:
+            return body
+        text = _error_text(body.decode("utf-8", "replace"))
+        if status in (401, 403):
+            hint = f"; proxying needs `get` on services/proxy for {self.service}" if status == 403 else ""
+            raise _status_error(self.where, status, text, hint)
+        if status in (502, 503, 404):  # no endpoints, the pod refuses the connection, no such Service
+            raise PrometheusError("unreachable", f"cannot reach Prometheus at {self.where}: HTTP {status}: "
+                                                 f"{text.strip()[:300]}")
+        raise _status_error(self.where, status, text, "")
 
 
 def _error_text(body: str) -> str:
