@@ -287,3 +287,23 @@ def test_rbac_without_services_proxy_is_refused(plane: Plane, services: None, tm
     assert result.stderr.startswith("error: Prometheus at service monitoring/prometheus-operated:9090 (through the API "
                                     "server's proxy) refused the request (403 Forbidden): ")
     assert result.stderr.endswith("; proxying needs `get` on services/proxy for monitoring/prometheus-operated\n")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "inspect.md"
+DOC_COMMAND = "$ kubectl gpu-stack inspect -n serving --usage --idle --since 20s"
+
+
+def _documented_tail() -> str:
+    """The lines docs/inspect.md shows after DOC_COMMAND's `...` (the allocation table is left out there)."""
+    lines = DOCS.read_text().splitlines()
+    start = lines.index(DOC_COMMAND)
+    assert lines[start + 1] == "..."
+    end = lines.index("```", start)
+    return "\n".join(lines[start + 2:end]) + "\n"
+
+
+def test_the_docs_show_this_output(plane: Plane, services: None) -> None:
+    result = inspect(*ARGS, "-n", "serving", "--usage", "--idle", kubeconfig=plane.kubeconfig)
+    assert (result.returncode, result.stderr) == (0, "")
+    tail = result.stdout[result.stdout.index("usage over the last"):]
+    assert tail == _documented_tail(), tail

@@ -97,8 +97,10 @@ class Populated:
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # os.getloadavg() before creating
 
 
-def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Populated:
-    """Create the scale cluster through the API with concurrent POSTs (raw JSON, no client models)."""
+def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12,
+             objects: tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str | None]]] | None = None) -> Populated:
+    """Create the scale cluster through the API with concurrent POSTs (raw JSON, no client models); `objects`:
+    other nodes and (pod, phase) to create instead (bench/inspect_usage.py)."""
     from kubernetes import client, config  # noqa: PLC0415
 
     configuration = client.Configuration()
@@ -123,8 +125,8 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
         call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
         call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "default"}})
     requests += 2 * len(NAMESPACES)
-    node_objects = list(scale_nodes(nodes))
-    pod_objects = list(scale_pods(node_objects, pods))
+    node_objects = list(scale_nodes(nodes)) if objects is None else objects[0]
+    pod_objects = list(scale_pods(node_objects, pods)) if objects is None else objects[1]
 
     def create_node(node: dict[str, Any]) -> None:
         status = node.pop("status")
@@ -179,7 +181,8 @@ def run_inspect(kubeconfig: Path, *args: str) -> Run:
     return Run(wall, cpu, float(api), int(requests), int(nodes), int(pods), proc.stdout)
 
 
-def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Run]]) -> str:
+def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Run]],
+           usage_lines: list[str] | None = None) -> str:
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
 
@@ -212,7 +215,7 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
     lines += ["", "API time: from the first request to the last page parsed (the command's -v line); whole "
               "process: also Python start-up, imports, the model and printing. Budget: 30 s for the whole "
               "process on this 2-CPU machine; tests/e2e/test_inspect_scale.py checks the output and that paging "
-              "keeps the request count at pages, not objects (timings are not asserted).", END]
+              "keeps the request count at pages, not objects (timings are not asserted).", *(usage_lines or []), END]
     return "\n".join(lines) + "\n"
 
 
@@ -228,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--report", action="store_true", help="write bench/inspect-scale.md and BENCHMARKS.md")
+    parser.add_argument("--no-usage", action="store_true",
+                        help="skip `inspect --usage` against a real Prometheus (bench/inspect_usage.py)")
     args = parser.parse_args(argv)
     if not args.kubeconfig:
         parser.error("--kubeconfig or KUBECONFIG is required")
@@ -243,7 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     if summary != expected_summary(args.nodes):
         print(f"unexpected summary, wanted: {expected_summary(args.nodes)}", file=sys.stderr)
         return 1
-    text = report(populated, outputs["table"], outputs)
+    usage_lines: list[str] = []
+    if not args.no_usage:
+        from gpu_stack_dev.bench import inspect_usage  # noqa: PLC0415 - it imports this module
+
+        print(f"--usage: {inspect_usage.NODES} nodes, {inspect_usage.NODES * inspect_usage.PER_NODE} GPU pods, "
+              "a real Prometheus ...", flush=True)
+        created, runs, lines = inspect_usage.measure(args.kubeconfig, args.rounds)
+        if {r.idle for r in runs} != {inspect_usage.expected_idle(inspect_usage.NODES)}:
+            print(f"unexpected idle count {[r.idle for r in runs]}, wanted "
+                  f"{inspect_usage.expected_idle(inspect_usage.NODES)}", file=sys.stderr)
+            return 1
+        usage_lines = inspect_usage.report_lines(created, runs, lines)
+    text = report(populated, outputs["table"], outputs, usage_lines)
     print(text)
     if args.report:
         write_report(text)

@@ -184,6 +184,10 @@ def _pair(f: Figures | None) -> tuple[str, str]:
 _FIGURES = {"per-pod": "per pod", "device-level": "shared, device-level", "none": "no series"}
 
 
+def _hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.4f}"
+
+
 def _gpus(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
@@ -205,7 +209,7 @@ def render_usage(usage: Usage, show_usage: bool, show_idle: bool, paint: _Paint)
         head = f"under {_num(usage.below)}% GPU utilisation for the last {usage.window}"
         if idle:
             lines.append(f"{paint('idle', BOLD)} GPU holders, {head}, most GPU-hours first")
-            rows = [[f"{h.namespace}/{h.pod}", h.node, h.resource, h.sharing, f"{h.idle_gpu_hours:.2f}",
+            rows = [[f"{h.namespace}/{h.pod}", h.node, h.resource, h.sharing, _hours(h.idle_gpu_hours),
                      _pair(h.utilization)[1], _FIGURES[h.figures]] for h in idle]
             lines += _table(["POD", "NODE", "RESOURCE", "SHARING", "GPU-HOURS", "UTIL% MAX", "FIGURES"], rows,
                             paint, [["", "", "", "", YELLOW, "", ""] for _ in rows])
