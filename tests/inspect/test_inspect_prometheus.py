@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
 from gpu_stack_webhook.gpuinspect.prometheus import Client, PrometheusError, UrlTransport
 
 Answer = Callable[[BaseHTTPRequestHandler], None]
@@ -35,7 +34,7 @@ def server() -> Iterator[Callable[[Answer], str]]:
 
     def start(answer: Answer) -> str:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 answer(self)
 
             def log_message(self, *args: object) -> None:

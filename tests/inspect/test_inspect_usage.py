@@ -3,23 +3,21 @@ MPS, a DRA claim) with series shaped as dcgm-exporter writes them (gpu_stack_dev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 from gpu_stack_dev.dcgm_fixture import Device, PodUse, exposition
 from gpu_stack_dev.inspect_cluster import NODES, PODS, chart_configmap
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpu_stack_webhook.gpuinspect import model, render
 from gpu_stack_webhook.gpuinspect.prometheus import Series
 from gpu_stack_webhook.gpuinspect.records import Report
 from gpu_stack_webhook.gpuinspect.usage import METRICS, Summary, join, parse_window, summaries
 from gpu_stack_webhook.gpuinspect.usage import failed as failed_usage
+from prometheus_client.parser import text_string_to_metric_families
 
 SCHEMA = Path(render.__file__).with_name("inspect-v1.schema.json")
 
@@ -54,10 +52,12 @@ def devices(util: dict[str, float] | None = None) -> list[Device]:
         Device("gpu-a100-exclusive", 1, "NVIDIA A100-SXM4-40GB", 0, 0),
         # time-sliced, without --kubernetes-virtual-gpus: one pod per device carries the device's series
         Device("gpu-t4-timesliced", 0, "Tesla T4", u["t4-0"], 4000,
-               [PodUse("ml", "notebook-1", "jupyter", 55, 3000, "0"), PodUse("ml", "notebook-2", "jupyter", 1, 900, "1")],
+               [PodUse("ml", "notebook-1", "jupyter", 55, 3000, "0"),
+                PodUse("ml", "notebook-2", "jupyter", 1, 900, "1")],
                shared=True),
         Device("gpu-t4-timesliced", 1, "Tesla T4", u["t4-1"], 300,
-               [PodUse("vision", "detector", "infer", 1, 100, "0"), PodUse("vision", "detector", "tracker", 2, 200, "1")],
+               [PodUse("vision", "detector", "infer", 1, 100, "0"),
+                PodUse("vision", "detector", "tracker", 2, 200, "1")],
                shared=True),
         # MPS, with --kubernetes-virtual-gpus: per-process figures per pod
         Device("gpu-l4-mps", 0, "NVIDIA L4", 32, 9000,
@@ -210,7 +210,8 @@ def test_table_and_json() -> None:
 
 
 def usage_failed() -> Any:
-    return failed_usage("http://p", "30m", 5.0, "Prometheus at http://p refused the request (403 Forbidden): no", "refused")
+    return failed_usage("http://p", "30m", 5.0, "Prometheus at http://p refused the request (403 Forbidden): no",
+                        status="refused")
 
 
 def test_failed_usage_keeps_the_table() -> None:

@@ -32,8 +32,8 @@ def chart_fields() -> tuple[tuple[str, str, str], ...]:
     """(field, type, help) of each line of the metrics.csv the chart's dcgm-exporter reads (default values)."""
     (configmap,) = render_chart(["--show-only", "templates/dcgm-exporter/configmap.yaml"])
     fields = []
-    for line in configmap["data"]["metrics.csv"].splitlines():
-        line = line.strip()
+    for raw in configmap["data"]["metrics.csv"].splitlines():
+        line = raw.strip()
         if line and not line.startswith("#"):
             name, kind, text = (part.strip() for part in line.split(",", 2))
             fields.append((name, kind, text))
@@ -80,8 +80,9 @@ def _value(name: str, device: Device, pod: PodUse | None) -> float:
 
 
 def _line(name: str, device: Device, attributes: Mapping[str, str], value: float) -> str:
-    labels = [("gpu", str(device.index)), ("UUID", device.gpu_uuid), ("pci_bus_id", f"00000000:{device.index + 1:02X}:00.0"),
-              ("device", f"nvidia{device.index}"), ("modelName", device.model)]
+    labels = [("gpu", str(device.index)), ("UUID", device.gpu_uuid),
+              ("pci_bus_id", f"00000000:{device.index + 1:02X}:00.0"), ("device", f"nvidia{device.index}"),
+              ("modelName", device.model)]
     if device.mig_profile is not None:
         labels += [("GPU_I_PROFILE", device.mig_profile), ("GPU_I_ID", str(device.mig_instance))]
     labels.append(("Hostname", device.node))

@@ -192,5 +192,5 @@ def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines:
         f"| {walls[median]:.2f} | {walls[0]:.2f} / {walls[-1]:.2f} | {rss[median]:.0f} |",
         "",
         f"Queries: the clock (time()) and one range query per metric over every series ({len(METRICS)}), never one "
-        "per pod or node. Targets (issue 51): under 5 s and under 300 MB RSS; timings are not asserted in tests.",
+        "per pod or node. Targets: under 5 s and under 300 MB RSS; timings are not asserted in tests.",
     ]

@@ -21,8 +21,8 @@ from gpu_stack_webhook.gpuinspect import model as inspect_model
 from gpu_stack_webhook.gpuinspect import records as inspect_records
 from gpu_stack_webhook.gpuinspect import render as inspect_render
 from gpu_stack_webhook.gpuinspect import usage_query
-from gpu_stack_webhook.gpuinspect.prometheus import Client as PrometheusClient
 from gpu_stack_webhook.gpuinspect.dashboards import dashboards as found_dashboards
+from gpu_stack_webhook.gpuinspect.prometheus import Client as PrometheusClient
 from gpu_stack_webhook.kube.client import KubernetesClientApi
 from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig

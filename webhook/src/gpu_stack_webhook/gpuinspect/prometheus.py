@@ -60,6 +60,8 @@ def _status_error(where: str, status: int, detail: str, hint: str) -> Prometheus
 class UrlTransport:
     def __init__(self, url: str, token: str | None = None, ca_file: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(f"--prometheus must be an http:// or https:// URL, got {url!r}")
         self.base = url.rstrip("/")
         self.where = self.base
         self.token = token
@@ -67,17 +69,19 @@ class UrlTransport:
         self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def get(self, path: str, params: Sequence[tuple[str, str]]) -> bytes:
-        request = urllib.request.Request(f"{self.base}{path}?{urllib.parse.urlencode(params)}")
+        request = urllib.request.Request(  # noqa: S310 - http(s) only, checked in __init__
+            f"{self.base}{path}?{urllib.parse.urlencode(params)}")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout,  # noqa: S310 - http(s) only
+                                        context=self.context) as response:
                 return bytes(response.read())
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
             raise _status_error(self.where, exc.code, _error_text(body),
                                 "; check --prometheus-token" if exc.code in (401, 403) else "") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PrometheusError("unreachable", f"Prometheus at {self.where} did not answer within "
                                                  f"{self.timeout:g} s (--prometheus-timeout)") from None
         except (urllib.error.URLError, OSError) as exc:

@@ -14,7 +14,7 @@ from typing import IO
 import yaml
 
 from gpu_stack_webhook.gpuinspect.records import Dashboards, NodeRecord, Report, ResourceUse
-from gpu_stack_webhook.gpuinspect.usage import Figures, HolderUsage, Usage
+from gpu_stack_webhook.gpuinspect.usage import Figures, Usage
 from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -219,7 +219,7 @@ def render_usage(usage: Usage, show_usage: bool, show_idle: bool, paint: _Paint)
     return [*lines, ""]
 
 
-def render_table(report: Report, wide: bool = False, color: bool = False, usage: Usage | None = None,
+def render_table(report: Report, wide: bool = False, color: bool = False, *, usage: Usage | None = None,
                  show_usage: bool = False, show_idle: bool = False) -> str:
     paint = _Paint(color)
     lines: list[str] = []
@@ -236,8 +236,8 @@ def render_table(report: Report, wide: bool = False, color: bool = False, usage:
     return "\n".join(lines) + "\n"
 
 
-def render(report: Report, output: str, color: bool = False, usage: Usage | None = None, show_usage: bool = False,
-           show_idle: bool = False) -> str:
+def render(report: Report, output: str, color: bool = False, *, usage: Usage | None = None,
+           show_usage: bool = False, show_idle: bool = False) -> str:
     if output in ("json", "yaml"):
         document = report.to_dict()
         if usage is not None:

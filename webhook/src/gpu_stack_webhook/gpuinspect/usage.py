@@ -90,8 +90,9 @@ class Usage:
                             key=lambda h: (-h.idle_gpu_hours, h.namespace, h.pod, h.resource)))
 
     def to_dict(self, idle: bool) -> dict[str, Any]:
-        return {"status": self.status, "prometheus": self.where, "window": self.window, "start": self.start, "end": self.end,
-                "step": self.step, "queries": self.queries, "error": self.error, "notes": list(self.notes),
+        return {"status": self.status, "prometheus": self.where, "window": self.window, "start": self.start,
+                "end": self.end, "step": self.step, "queries": self.queries, "error": self.error,
+                "notes": list(self.notes),
                 "holders": [_holder_dict(h) for h in self.holders],
                 "idle": {"utilizationPercentBelow": self.below,
                          "holders": [_holder_dict(h) for h in self.idle]} if idle else None}
@@ -291,6 +292,6 @@ def join(report: Report, series: Mapping[str, Sequence[Summary]], *, window: str
     return Usage(where, window, start, end, step, below, tuple(holders), tuple(notes), None, queries, status)
 
 
-def failed(where: str, window: str, below: float, error: str, status: str, queries: int = 0) -> Usage:
+def failed(where: str, window: str, below: float, error: str, *, status: str, queries: int = 0) -> Usage:
     """No figures: Prometheus could not be asked (`status` unreachable or refused, `error` says why)."""
     return Usage(where, window, 0.0, 0.0, 0.0, below, (), (), error, queries, status)

@@ -107,6 +107,7 @@ def ask(report: Report, client: Client, chosen: Settings, clock: Any = time.time
         # One metric at a time, each reduced to its figures before the next is asked: one answer in memory.
         series = {metric: gpu_usage.summaries(client.range(metric, start, now, step)) for metric in gpu_usage.METRICS}
     except PrometheusError as exc:
-        return gpu_usage.failed(client.where, chosen.window, chosen.below, str(exc), exc.kind, client.queries)
+        return gpu_usage.failed(client.where, chosen.window, chosen.below, str(exc), status=exc.kind,
+                                queries=client.queries)
     return gpu_usage.join(report, series, window=chosen.window, start=start, end=now, step=step, below=chosen.below,
                           where=client.where, skew=now - mine, queries=client.queries)
