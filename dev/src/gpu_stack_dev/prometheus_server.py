@@ -103,9 +103,12 @@ class PrometheusServer:
             return list(json.load(response)["data"]["result"])
 
     def wait_for_history(self, metric: str, seconds: float, series: int = 1, timeout: float = 300) -> float:
-        """Until `series` series of `metric` have samples over the last `seconds`; returns the wait."""
+        """Until `series` series of `metric` have samples over the last `seconds` (one per scrape interval, the
+        oldest at least `seconds` old); returns the wait."""
         started = time.monotonic()
-        expr = f"count(count_over_time({metric}[{int(seconds) + 5}s]) >= {max(int(seconds) - 1, 1)})"
+        every = float(self.interval.rstrip("s"))
+        expr = (f"count(count_over_time({metric}[{int(seconds + 2 * every)}s]) >= "
+                f"{max(int(seconds / every), 1)})")
         while time.monotonic() - started < timeout:
             found = self.query(expr)
             if found and float(str(found[0]["value"][1])) >= series:  # type: ignore[index]

@@ -11,7 +11,7 @@ could be read; the chart pins 4.6.0-4.8.3):
 - Pod mapping (internal/pkg/transformation/kubernetes.go, const.go:20-40): with DCGM_EXPORTER_KUBERNETES the
   kubelet's pod-resources API names the pod of each device, and the series gets `pod`, `namespace`,
   `container` (`pod_name`, `pod_namespace`, `container_name` with --use-old-namespace), kubernetes.go:424-
-  431. A shared GPU (device ids UUID::N) maps to one of its pods only (kubernetes.go toDeviceToPod,
+  431. A shared GPU (device ids UUID::N) maps to one of its pods only (kubernetes.go:887-898 toDeviceToPod,
   deviceToPodMap[UUID] = the last pod read): its figures are the device's, "device-level".
 - --kubernetes-virtual-gpus (KUBERNETES_VIRTUAL_GPUS): every pod of a shared GPU gets its own series with a
   `vgpu` label (the N of UUID::N, kubernetes.go:550-558); from 4.5.3-4.8.2 on, DCGM_FI_DEV_GPU_UTIL and
