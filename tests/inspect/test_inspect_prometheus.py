@@ -114,7 +114,7 @@ def test_clock_and_range_query(server: Callable[[Answer], str]) -> None:
     client = Client(UrlTransport(server(answer)))
     assert client.now() == 1700000000.5
     (series,) = client.range("DCGM_FI_DEV_GPU_UTIL", 100.0, 160.0, 60.0)
-    assert (series.labels["pod"], list(series.values)) == ("p", [(100.0, 3.0), (160.0, 4.5)])
+    assert (series.labels["pod"], list(series.values)) == ("p", [[100, "3"], [160, "4.5"]])
     assert client.queries == 2
     assert asked[1] == {"path": ["/api/v1/query_range"], "query": ["DCGM_FI_DEV_GPU_UTIL"], "start": ["100.000"],
                         "end": ["160.000"], "step": ["60"]}

@@ -66,13 +66,14 @@ class FakeTransport:
 
     def get(self, path: str, params: Sequence[tuple[str, str]]) -> bytes:
         query = dict(params)["query"]
-        self.asked.append((path, query))
+        metric = query.rsplit("(", 1)[-1].rstrip(")")  # max by (...) (METRIC)
+        self.asked.append((path, query if path == "/api/v1/query" else metric))
         if self.error is not None:
             raise self.error
         if path == "/api/v1/query":
             return json.dumps({"status": "success", "data": {"resultType": "scalar",
                                                               "result": [self.clock, str(self.clock)]}}).encode()
-        found = [r for r in self.result if r["metric"]["__name__"] == query]  # type: ignore[index]
+        found = [r for r in self.result if r["metric"]["__name__"] == metric]  # type: ignore[index]
         return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": found}}).encode()
 
 
@@ -109,3 +110,12 @@ def test_exit_statuses() -> None:
     assert _status(FakeTransport([])) == ("no-series", 5)
     assert _status(FakeTransport([], PrometheusError("unreachable", "cannot reach"))) == ("unreachable", 3)
     assert _status(FakeTransport([], PrometheusError("refused", "403"))) == ("refused", 4)
+
+
+def test_each_range_query_keeps_only_the_labels_read() -> None:
+    transport = FakeTransport([])
+    _status(transport)
+    assert len(transport.asked) == 4
+    assert usage_query.gpu_usage.range_query("DCGM_FI_DEV_GPU_UTIL") == (
+        "max by (namespace, pod, pod_namespace, pod_name, vgpu, GPU_I_PROFILE, GPU_I_ID, dra_device_name, "
+        "dra_mig_profile, Hostname, hostname, UUID, uuid, gpu) (DCGM_FI_DEV_GPU_UTIL)")

@@ -46,7 +46,8 @@ class Transport(Protocol):
 @dataclass(frozen=True)
 class Series:
     labels: Mapping[str, str]
-    values: Sequence[tuple[float, float]]  # (unix seconds, value), oldest first
+    # [unix seconds, "value"] pairs as the API sends them, oldest first (converted where they are summarised)
+    values: Sequence[Sequence[Any]]
 
 
 def _status_error(where: str, status: int, detail: str, hint: str) -> PrometheusError:
@@ -171,8 +172,7 @@ class Client:
                                                          ("end", f"{end:.3f}"), ("step", f"{step:g}")])
         data = _data(raw, self.where)
         del raw
-        return [Series(labels=dict(item.get("metric") or {}),
-                       values=[(float(t), float(v)) for t, v in item.get("values") or []])
+        return [Series(labels=item.get("metric") or {}, values=item.get("values") or [])
                 for item in data.get("result") or []]
 
     def now(self) -> float:

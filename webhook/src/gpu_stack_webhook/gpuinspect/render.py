@@ -7,10 +7,10 @@ unless NO_COLOR is set (https://no-color.org) or TERM is dumb. JSON and YAML are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import IO
 
+import orjson
 import yaml
 
 from gpu_stack_webhook.gpuinspect.records import Dashboards, NodeRecord, Report, ResourceUse
@@ -242,8 +242,8 @@ def render(report: Report, output: str, color: bool = False, *, usage: Usage | N
         document = report.to_dict()
         if usage is not None:
             document["usage"] = usage.to_dict(show_idle)
-        if output == "json":
-            return json.dumps(document, indent=2) + "\n"
+        if output == "json":  # orjson: json.dumps(indent=2)'s text, without its pure-Python indenting encoder
+            return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
         return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
     return render_table(report, wide=output == "wide", color=color, usage=usage, show_usage=show_usage,
                         show_idle=show_idle)

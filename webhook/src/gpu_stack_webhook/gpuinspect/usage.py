@@ -126,11 +126,23 @@ def parse_window(text: str) -> float:
     return total
 
 
-def summarize(values: Sequence[tuple[float, float]]) -> Figures | None:
+def summarize(values: Sequence[Sequence[Any]]) -> Figures | None:
+    """Mean, max, first and last time of [time, value] pairs (the value a number or, as the API sends it, text)."""
     if not values:
         return None
-    numbers = [v for _, v in values]
-    return Figures(sum(numbers) / len(numbers), max(numbers), values[0][0], values[-1][0])
+    numbers = [float(pair[1]) for pair in values]
+    return Figures(sum(numbers) / len(numbers), max(numbers), float(values[0][0]), float(values[-1][0]))
+
+
+# The labels the join reads (above); a range query keeps only these (`max by`), so its answer carries no
+# label nobody reads (instance, job, pci_bus_id, modelName, ...). Series that differ only in others (the
+# same device scraped twice) are one.
+KEPT_LABELS = ("namespace", "pod", "pod_namespace", "pod_name", "vgpu", "GPU_I_PROFILE", "GPU_I_ID",
+               "dra_device_name", "dra_mig_profile", "Hostname", "hostname", "UUID", "uuid", "gpu")
+
+
+def range_query(metric: str) -> str:
+    return f"max by ({', '.join(KEPT_LABELS)}) ({metric})"
 
 
 Summary = tuple[Mapping[str, str], Figures]  # one series: its labels and its figures over the window

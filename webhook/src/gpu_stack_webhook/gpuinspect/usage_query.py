@@ -26,7 +26,7 @@ from gpu_stack_webhook.gpuinspect.records import Report
 DEFAULT_SERVICE = "monitoring/prometheus-operated:9090"
 # The chart's idle thresholds, when its device plugin ConfigMap carries them (monitoring.idleGpu values).
 IDLE_ANNOTATIONS = ("gpu-stack.io/idle-gpu-utilization-percent-below", "gpu-stack.io/idle-gpu-window")
-STEPS = 30  # samples per series over the window
+STEPS = 15  # samples per series over the window (a 30m window: every 2 minutes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +105,8 @@ def ask(report: Report, client: Client, chosen: Settings, clock: Any = time.time
         now = client.now()
         start, step = now - chosen.seconds, max(chosen.seconds / STEPS, 1.0)
         # One metric at a time, each reduced to its figures before the next is asked: one answer in memory.
-        series = {metric: gpu_usage.summaries(client.range(metric, start, now, step)) for metric in gpu_usage.METRICS}
+        series = {metric: gpu_usage.summaries(client.range(gpu_usage.range_query(metric), start, now, step))
+                  for metric in gpu_usage.METRICS}
     except PrometheusError as exc:
         return gpu_usage.failed(client.where, chosen.window, chosen.below, str(exc), status=exc.kind,
                                 queries=client.queries)
