@@ -255,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--usage: {inspect_usage.NODES} nodes, {inspect_usage.NODES * inspect_usage.PER_NODE} GPU pods, "
               "a real Prometheus ...", flush=True)
         created, runs, lines = inspect_usage.measure(args.kubeconfig, args.rounds)
-        if {r.idle for r in runs} != {inspect_usage.expected_idle(inspect_usage.NODES)}:
-            print(f"unexpected idle count {[r.idle for r in runs]}, wanted "
-                  f"{inspect_usage.expected_idle(inspect_usage.NODES)}", file=sys.stderr)
+        wanted = inspect_usage.expected_idle(inspect_usage.NODES)
+        if {r.idle for r in runs} != {wanted} or {r.status for r in runs} != {0}:
+            print(f"unexpected idle counts / exit statuses {[(r.idle, r.status) for r in runs]}, wanted "
+                  f"{wanted} / 0", file=sys.stderr)
             return 1
         usage_lines = inspect_usage.report_lines(created, runs, lines)
     text = report(populated, outputs["table"], outputs, usage_lines)

@@ -116,6 +116,7 @@ def expected_idle(count: int) -> int:
 
 @dataclass
 class UsageRun:
+    output: str  # table | json
     wall: float
     rss_mib: float
     queries: int
@@ -139,6 +140,24 @@ def _rss_of_child(command: list[str], env: dict[str, str]) -> tuple[float, int, 
     return usage.ru_maxrss / 1024, proc.returncode, out, err
 
 
+def _run(output: str, prometheus: str, env: dict[str, str]) -> UsageRun:
+    started = time.perf_counter()
+    rss, status, out, err = _rss_of_child(
+        [str(BIN / "kubectl-gpu_stack"), "inspect", "-v", "-l", SELECTOR, "--usage", "--idle", "--since",
+         f"{WINDOW}s", "--prometheus", prometheus, "-o", output], env)
+    wall = time.perf_counter() - started
+    stderr = err.decode()
+    asked, read = ASKED.search(stderr), scale.VERBOSE.search(stderr)
+    assert asked and read, stderr
+    if output == "json":
+        idle = len(json.loads(out)["usage"]["idle"]["holders"])
+    else:  # the rows between the idle table's header and the blank line after it
+        lines = out.decode().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("idle GPU holders"))
+        idle = next(i for i in range(at + 2, len(lines)) if not lines[i].startswith("  ")) - at - 2
+    return UsageRun(output, wall, rss, int(asked.group(1)), int(read.group(3)), idle, status)
+
+
 def measure(kubeconfig: Path, rounds: int = 3) -> tuple[scale.Populated, list[UsageRun], int]:
     """Create the cluster while Prometheus scrapes, wait for the window's samples, then time `rounds` runs."""
     nodes = usage_nodes(NODES)
@@ -152,27 +171,25 @@ def measure(kubeconfig: Path, rounds: int = 3) -> tuple[scale.Populated, list[Us
             prometheus.wait_for_history("DCGM_FI_DEV_FB_USED", WINDOW, series=NODES * PER_NODE, timeout=600)
             runs = []
             env = {**os.environ, "KUBECONFIG": str(kubeconfig), "NO_COLOR": "1"}
-            for _ in range(rounds):
-                started = time.perf_counter()
-                rss, status, out, err = _rss_of_child(
-                    [str(BIN / "kubectl-gpu_stack"), "inspect", "-v", "-l", SELECTOR, "--usage", "--idle", "--since",
-                     f"{WINDOW}s", "--prometheus", prometheus.url, "-o", "json"], env)
-                wall = time.perf_counter() - started
-                stderr = err.decode()
-                asked, read = ASKED.search(stderr), scale.VERBOSE.search(stderr)
-                assert asked and read, stderr
-                idle = len(json.loads(out)["usage"]["idle"]["holders"])
-                runs.append(UsageRun(wall, rss, int(asked.group(1)), int(read.group(3)), idle, status))
-                print(f"--usage --idle: {wall:.2f} s, {rss:.0f} MiB, {runs[-1].queries} queries, exit {status}",
-                      flush=True)
+            for output in ("table", "json"):
+                for _ in range(rounds):
+                    runs.append(_run(output, prometheus.url, env))
+                    print(f"--usage --idle -o {output}: {runs[-1].wall:.2f} s, {runs[-1].rss_mib:.0f} MiB, "
+                          f"{runs[-1].queries} queries, exit {runs[-1].status}", flush=True)
     finally:
         exporter.close()
     return populated, runs, len(text.splitlines())
 
 
 def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines: int) -> list[str]:
-    walls, rss = sorted(r.wall for r in runs), sorted(r.rss_mib for r in runs)
-    median = len(runs) // 2
+    rows = []
+    for output in ("table", "json"):
+        group = [r for r in runs if r.output == output]
+        walls, rss = sorted(r.wall for r in group), sorted(r.rss_mib for r in group)
+        median = len(group) // 2
+        rows.append(f"| {output} | {len(group)} | {group[0].status} | {group[0].requests} | {group[0].queries} "
+                    f"| {group[0].idle:,} | {walls[median]:.2f} | {walls[0]:.2f} / {walls[-1]:.2f} "
+                    f"| {rss[median]:.0f} |")
     return [
         "",
         "### `inspect --usage --idle` against a real Prometheus (bench/inspect_usage.py)",
@@ -183,13 +200,13 @@ def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines:
         f"{series_lines:,} lines per scrape (the 3 fields the command reads, per-process series for shared GPUs), "
         f"on the same machine.",
         f"* Command: `kubectl-gpu_stack inspect -l {SELECTOR} --usage --idle --since {WINDOW}s --prometheus URL "
-        "-o json`, the whole process; RSS: its peak resident set (wait4 ru_maxrss).",
+        "-o OUTPUT`, the whole process; RSS: its peak resident set (wait4 ru_maxrss). Load average "
+        f"{os.getloadavg()[0]:.1f} after the runs (a 2-CPU machine shared with other work).",
         "",
-        "| runs | exit | API requests | Prometheus queries | idle pods listed | whole process median (s) "
+        "| output | runs | exit | API requests | Prometheus queries | idle pods listed | whole process median (s) "
         "| min / max (s) | peak RSS median (MiB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {len(runs)} | {runs[0].status} | {runs[0].requests} | {runs[0].queries} | {runs[0].idle:,} "
-        f"| {walls[median]:.2f} | {walls[0]:.2f} / {walls[-1]:.2f} | {rss[median]:.0f} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
         "",
         f"Queries: the clock (time()) and one range query per metric over every series ({len(METRICS)}), never one "
         "per pod or node. Targets: under 5 s and under 300 MB RSS; timings are not asserted in tests.",
