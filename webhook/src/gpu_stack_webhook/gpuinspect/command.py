@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
                                         notes=notes, dashboards=dashboards,
                                         resource_slices=snapshot.resource_slices,
                                         resource_claims=snapshot.resource_claims)
-    usage = None
+    usage, asked_seconds = None, 0.0
     if args.usage or args.idle:
         try:
             chosen, setting_notes = usage_query.settings(args, snapshot.annotations)
@@ -109,7 +110,9 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
         except (ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        asked_at = time.perf_counter()
         usage = usage_query.ask(report, client, chosen)
+        asked_seconds = time.perf_counter() - asked_at
         if setting_notes:
             usage = dataclasses.replace(usage, notes=(*setting_notes, *usage.notes))
     color = args.output in ("table", "wide") and inspect_render.color_wanted(
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
         print(f"read {len(snapshot.nodes)} nodes and {len(snapshot.pods)} pods in {snapshot.requests} requests, "
               f"{snapshot.seconds:.2f} s", file=sys.stderr)
         if usage is not None:
-            print(f"asked Prometheus at {usage.where} {usage.queries} queries", file=sys.stderr)
+            print(f"asked Prometheus at {usage.where} {usage.queries} queries, {asked_seconds:.2f} s", file=sys.stderr)
     if usage is not None and usage.error is not None:
         print(f"error: {usage.error}", file=sys.stderr)
     return EXIT_OK if usage is None else USAGE_EXIT[usage.status]
