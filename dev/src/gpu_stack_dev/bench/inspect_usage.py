@@ -196,7 +196,8 @@ def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines:
         walls, rss = sorted(r.wall for r in group), sorted(r.rss_mib for r in group)
         rows.append(f"| {output} | {len(group)} | {group[0].status} | {group[0].requests} | {group[0].queries} "
                     f"| {group[0].idle:,} | {_mid([r.api for r in group]):.2f} "
-                    f"| {_mid([r.prometheus for r in group]):.2f} | {_mid(walls):.2f} | {walls[0]:.2f} / {walls[-1]:.2f} "
+                    f"| {_mid([r.prometheus for r in group]):.2f} | {_mid(walls):.2f} "
+                    f"| {walls[0]:.2f} / {walls[-1]:.2f} "
                     f"| {_mid([r.cpu for r in group]):.2f} | {_mid(rss):.0f} |")
     return [
         "",
