@@ -194,6 +194,7 @@ bench: $(STAMP) helm
 # (`make bench` keeps it). The same check as a test: GPU_STACK_E2E_SCALE=1 make e2e.
 bench-inspect: $(STAMP) helm promtool
 	$(PY) hack/controlplane.py run -- $(PY) bench/inspect_scale.py --report
+	$(PY) hack/controlplane.py run -- $(PY) bench/inspect_usage.py --report
 
 # Long property-based run (tests/property, hypothesis profile "fuzz": FUZZ_EXAMPLES per property, default
 # 17000 x 9 properties > 150,000 cases; the two CEL equivalence properties: CEL_FUZZ_EXAMPLES, default 10,000

@@ -47,3 +47,4 @@ def test_usage_over_1000_nodes_and_8000_gpu_pods_with_a_real_prometheus(cluster:
     assert (populated.nodes, populated.pods) == (1000, 8000)
     assert [(r.output, r.status, r.queries, r.idle) for r in runs] == [
         (output, 0, 4, inspect_usage.expected_idle(1000)) for output in ("table", "json")]
+    assert inspect_usage.check(runs) == ""

@@ -181,8 +181,7 @@ def run_inspect(kubeconfig: Path, *args: str) -> Run:
     return Run(wall, cpu, float(api), int(requests), int(nodes), int(pods), proc.stdout)
 
 
-def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Run]],
-           usage_lines: list[str] | None = None) -> str:
+def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Run]]) -> str:
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
 
@@ -215,7 +214,7 @@ def report(populated: Populated, runs: list[Run], output_runs: dict[str, list[Ru
     lines += ["", "API time: from the first request to the last page parsed (the command's -v line); whole "
               "process: also Python start-up, imports, the model and printing. Budget: 30 s for the whole "
               "process on this 2-CPU machine; tests/e2e/test_inspect_scale.py checks the output and that paging "
-              "keeps the request count at pages, not objects (timings are not asserted).", *(usage_lines or []), END]
+              "keeps the request count at pages, not objects (timings are not asserted).", END]
     return "\n".join(lines) + "\n"
 
 
@@ -231,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--report", action="store_true", help="write bench/inspect-scale.md and BENCHMARKS.md")
-    parser.add_argument("--no-usage", action="store_true",
-                        help="skip `inspect --usage` against a real Prometheus (bench/inspect_usage.py)")
     args = parser.parse_args(argv)
     if not args.kubeconfig:
         parser.error("--kubeconfig or KUBECONFIG is required")
@@ -248,20 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary != expected_summary(args.nodes):
         print(f"unexpected summary, wanted: {expected_summary(args.nodes)}", file=sys.stderr)
         return 1
-    usage_lines: list[str] = []
-    if not args.no_usage:
-        from gpu_stack_dev.bench import inspect_usage  # noqa: PLC0415 - it imports this module
-
-        print(f"--usage: {inspect_usage.NODES} nodes, {inspect_usage.NODES * inspect_usage.PER_NODE} GPU pods, "
-              "a real Prometheus ...", flush=True)
-        created, runs, lines = inspect_usage.measure(args.kubeconfig, args.rounds)
-        wanted = inspect_usage.expected_idle(inspect_usage.NODES)
-        if {r.idle for r in runs} != {wanted} or {r.status for r in runs} != {0}:
-            print(f"unexpected idle counts / exit statuses {[(r.idle, r.status) for r in runs]}, wanted "
-                  f"{wanted} / 0", file=sys.stderr)
-            return 1
-        usage_lines = inspect_usage.report_lines(created, runs, lines)
-    text = report(populated, outputs["table"], outputs, usage_lines)
+    text = report(populated, outputs["table"], outputs)
     print(text)
     if args.report:
         write_report(text)

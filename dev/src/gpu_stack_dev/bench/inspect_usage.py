@@ -2,7 +2,9 @@
 through a real API server, and a real Prometheus (Debian's package) that has scraped for the window a stand-in
 dcgm-exporter with every one of those pods' series (gpu_stack_dev.dcgm_fixture, --kubernetes-virtual-gpus on);
 the command timed (whole process), its Prometheus queries counted (its -v line) and its peak RSS read
-(wait4). Part of `make bench-inspect` (inspect_scale.py calls `measure`), its figures in the same section.
+(wait4). `make bench-inspect` runs it on a control plane of its own after bench/inspect_scale.py (whose
+20,000 pods inspect would read too: it lists the pods of every node), and `--report` puts its figures at the
+end of that benchmark's section (bench/inspect-scale.md and BENCHMARKS.md).
 
 Cluster: nodes cycle through exclusive (8 A100, 8 pods with one GPU each), time-sliced (2 T4 x4, 8 pods),
 MPS (1 L4 x10, 8 pods) and MIG (2 A100 as 14 x 1g.5gb, 8 pods); every third pod idle (under 5 %). The exporter
@@ -189,6 +191,26 @@ def _mid(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
+USAGE_HEADING = "### `inspect --usage --idle` against a real Prometheus (bench/inspect_usage.py)"
+
+
+def add_to_report(lines: list[str]) -> None:
+    """Put `lines` at the end of inspect_scale's section (replacing a previous run's), in its file and in
+    BENCHMARKS.md."""
+    text = scale.REPORT.read_text(encoding="utf-8")
+    head = text.split(f"\n{USAGE_HEADING}", 1)[0] if USAGE_HEADING in text else text.split(scale.END, 1)[0]
+    head = head.rstrip("\n").removesuffix(scale.END).rstrip("\n")
+    section = "\n".join([head, *lines, scale.END]) + "\n"
+    scale.write_report(section)
+
+
+def check(runs: list[UsageRun]) -> str:
+    """Why the runs are wrong, or empty: every run exit 0, 4 queries, the idle pods the cluster has."""
+    wanted = expected_idle(NODES)
+    found = sorted({(r.status, r.queries, r.idle) for r in runs})
+    return "" if found == [(0, 4, wanted)] else f"runs gave (exit, queries, idle) {found}, wanted (0, 4, {wanted})"
+
+
 def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines: int) -> list[str]:
     rows = []
     for output in ("table", "json"):
@@ -201,7 +223,7 @@ def report_lines(populated: scale.Populated, runs: list[UsageRun], series_lines:
                     f"| {_mid([r.cpu for r in group]):.2f} | {_mid(rss):.0f} |")
     return [
         "",
-        "### `inspect --usage --idle` against a real Prometheus (bench/inspect_usage.py)",
+        USAGE_HEADING,
         "",
         f"* Cluster: {populated.nodes:,} GPU nodes and {populated.pods:,} GPU pods (8 per node: whole GPUs, "
         "time-sliced, MPS, MIG) created through the API in "
