@@ -36,14 +36,16 @@ from .inspect_api import (
 )
 
 pytestmark = pytest.mark.e2e
-P = "usage-"  # node name prefix: the inspect e2e module's nodes may still be there
+P = "usage-"  # node name prefix
+# The cluster's namespaces, prefixed too: the inspect e2e module's pods may still be there
+ML, SERVING, VISION = "usage-ml", "usage-serving", "usage-vision"
 LABEL = {"gpu-stack.io/e2e": "inspect-usage"}
 SELECTOR = "gpu-stack.io/e2e=inspect-usage"
 CONFIGMAP_NAMESPACE = "inspect-usage-e2e"
 WINDOW = 20  # seconds of samples the Prometheus holds before the command runs (--since 20s)
 DRA_NODE = f"{P}gpu-dra"
 PROMETHEUS_IP = "192.0.2.10"
-DRA_LABELS = {"dra_claim_name": "trainer-gpu", "dra_claim_namespace": "ml", "dra_driver_name": "gpu.nvidia.com",
+DRA_LABELS = {"dra_claim_name": "trainer-gpu", "dra_claim_namespace": ML, "dra_driver_name": "gpu.nvidia.com",
               "dra_pool_name": DRA_NODE, "dra_device_name": "gpu-1"}
 
 
@@ -52,36 +54,37 @@ def _renamed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     for node in nodes:
         node["metadata"]["name"] = P + node["metadata"]["name"]
     pods = copy.deepcopy(PODS)
-    for p in pods:
+    for p in pods:  # nodes and namespaces of their own: the inspect e2e module's pods may still be there
         p["spec"]["nodeName"] = P + p["spec"]["nodeName"]
+        p["metadata"]["namespace"] = "usage-" + p["metadata"]["namespace"]
     # A pod that holds a GPU but has no series (dcgm-exporter has not mapped it yet)
-    pods.append(pod("ml", "just-started", f"{P}gpu-a100-exclusive",
+    pods.append(pod(ML, "just-started", f"{P}gpu-a100-exclusive",
                     [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]))
     dra_node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": DRA_NODE, "labels": {}},
                 "status": {"capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"}}}
-    dra_pod = pod("ml", "dra-trainer", DRA_NODE, [{"name": "train", "image": "busybox"}])
+    dra_pod = pod(ML, "dra-trainer", DRA_NODE, [{"name": "train", "image": "busybox"}])
     return [*nodes, dra_node], [*pods, dra_pod]
 
 
 def devices() -> list[Device]:
     a100, t4, l4 = "NVIDIA A100-SXM4-40GB", "Tesla T4", "NVIDIA L4"
     return [
-        Device(f"{P}gpu-a100-exclusive", 0, a100, 2, 1200, [PodUse("ml", "train-bert", "trainer")]),
+        Device(f"{P}gpu-a100-exclusive", 0, a100, 2, 1200, [PodUse(ML, "train-bert", "trainer")]),
         Device(f"{P}gpu-a100-exclusive", 1, a100, 0, 0),
         Device(f"{P}gpu-t4-timesliced", 0, t4, 60, 4000,
-               [PodUse("ml", "notebook-1", "jupyter", 55, 3000, "0"), PodUse("ml", "notebook-2", "jupyter", 1, 900,
+               [PodUse(ML, "notebook-1", "jupyter", 55, 3000, "0"), PodUse(ML, "notebook-2", "jupyter", 1, 900,
                                                                               "1")], shared=True),
         Device(f"{P}gpu-t4-timesliced", 1, t4, 3, 300,
-               [PodUse("vision", "detector", "infer", 1, 100, "0"), PodUse("vision", "detector", "tracker", 2, 200,
+               [PodUse(VISION, "detector", "infer", 1, 100, "0"), PodUse(VISION, "detector", "tracker", 2, 200,
                                                                             "1")], shared=True),
         Device(f"{P}gpu-l4-mps", 0, l4, 32, 9000,
-               [PodUse("serving", f"llm-{i}", "server", u, 3000, str(i)) for i, u in enumerate((30, 0, 2))],
+               [PodUse(SERVING, f"llm-{i}", "server", u, 3000, str(i)) for i, u in enumerate((30, 0, 2))],
                shared=True),
-        Device(f"{P}gpu-a100-mig", 0, a100, 50, 2000, [PodUse("ml", "mig-small", "main")], mig_profile="1g.5gb",
+        Device(f"{P}gpu-a100-mig", 0, a100, 50, 2000, [PodUse(ML, "mig-small", "main")], mig_profile="1g.5gb",
                mig_instance=7),
-        Device(f"{P}gpu-a100-mig", 0, a100, 1, 500, [PodUse("vision", "mig-medium", "main")],
+        Device(f"{P}gpu-a100-mig", 0, a100, 1, 500, [PodUse(VISION, "mig-medium", "main")],
                mig_profile="3g.20gb", mig_instance=2),
-        Device(DRA_NODE, 1, a100, 0.5, 100, [PodUse("ml", "dra-trainer", "train", dra=DRA_LABELS)]),
+        Device(DRA_NODE, 1, a100, 0.5, 100, [PodUse(ML, "dra-trainer", "train", dra=DRA_LABELS)]),
     ]
 
 
@@ -92,15 +95,15 @@ def _dra(api: client.ApiClient) -> None:
         "spec": {"driver": "gpu.nvidia.com", "nodeName": DRA_NODE,
                  "pool": {"name": DRA_NODE, "generation": 1, "resourceSliceCount": 1},
                  "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(2)]}})
-    claim = custom.create_namespaced_custom_object("resource.k8s.io", "v1", "ml", "resourceclaims", {
+    claim = custom.create_namespaced_custom_object("resource.k8s.io", "v1", ML, "resourceclaims", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "trainer-gpu"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
-    uid = client.CoreV1Api(api).read_namespaced_pod("dra-trainer", "ml").metadata.uid
+    uid = client.CoreV1Api(api).read_namespaced_pod("dra-trainer", ML).metadata.uid
     # What the scheduler writes when it allocates the device and reserves the claim for the pod
     claim["status"] = {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": "gpu.nvidia.com", "pool": DRA_NODE, "device": "gpu-1"}]}},
         "reservedFor": [{"resource": "pods", "name": "dra-trainer", "uid": uid}]}
-    custom.replace_namespaced_custom_object_status("resource.k8s.io", "v1", "ml", "resourceclaims", "trainer-gpu",
+    custom.replace_namespaced_custom_object_status("resource.k8s.io", "v1", ML, "resourceclaims", "trainer-gpu",
                                                    claim)
 
 
@@ -137,7 +140,7 @@ def plane(cluster: E2ECluster) -> Iterator[Plane]:
             yield Plane(kubeconfig, prometheus.url)
     finally:
         exporter.close()
-        client.CustomObjectsApi(api).delete_namespaced_custom_object("resource.k8s.io", "v1", "ml", "resourceclaims",
+        client.CustomObjectsApi(api).delete_namespaced_custom_object("resource.k8s.io", "v1", ML, "resourceclaims",
                                                                      "trainer-gpu")
         client.CustomObjectsApi(api).delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
                                                                   f"{DRA_NODE}-gpu")
@@ -150,7 +153,7 @@ ARGS = ("-l", SELECTOR, "--configmap-namespace", CONFIGMAP_NAMESPACE, "--since",
 def test_usage_of_every_kind_of_holder(plane: Plane) -> None:
     result = inspect(*ARGS, "--usage", "--idle", "--prometheus", plane.prometheus, "-o", "json",
                      kubeconfig=plane.kubeconfig)
-    assert result.returncode == 6, result.stderr  # ml/just-started has no series
+    assert result.returncode == 6, result.stderr  # usage-ml/just-started has no series
     doc = json.loads(result.stdout)
     assert len(doc["nodes"]) == 5  # the allocation report is all there
     usage = doc["usage"]
@@ -161,50 +164,54 @@ def test_usage_of_every_kind_of_holder(plane: Plane) -> None:
         h["memoryUsedMiB"] and round(h["memoryUsedMiB"]["mean"])) for h in usage["holders"]}
     util, engine = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
     assert rows == {
-        ("ml", "train-bert", "nvidia.com/gpu"): ("whole", 1.0, "per-pod", util, 2.0, 1200),
-        ("ml", "just-started", "nvidia.com/gpu"): ("whole", 1.0, "none", None, None, None),
-        ("ml", "notebook-1", "nvidia.com/gpu"): ("time-slicing", 0.25, "per-pod", util, 55.0, 3000),
-        ("ml", "notebook-2", "nvidia.com/gpu"): ("time-slicing", 0.25, "per-pod", util, 1.0, 900),
+        (ML, "train-bert", "nvidia.com/gpu"): ("whole", 1.0, "per-pod", util, 2.0, 1200),
+        (ML, "just-started", "nvidia.com/gpu"): ("whole", 1.0, "none", None, None, None),
+        (ML, "notebook-1", "nvidia.com/gpu"): ("time-slicing", 0.25, "per-pod", util, 55.0, 3000),
+        (ML, "notebook-2", "nvidia.com/gpu"): ("time-slicing", 0.25, "per-pod", util, 1.0, 900),
         # two containers, two replicas: both per-process series are the pod's
-        ("vision", "detector", "nvidia.com/gpu"): ("time-slicing", 0.5, "per-pod", util, 1.5, 300),
-        ("serving", "llm-0", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 30.0, 3000),
-        ("serving", "llm-1", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 0.0, 3000),
-        ("serving", "llm-2", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 2.0, 3000),
-        ("ml", "mig-small", "nvidia.com/mig-1g.5gb"): ("mig", 0.1429, "per-pod", engine, 50.0, 2000),
-        ("vision", "mig-medium", "nvidia.com/mig-3g.20gb"): ("mig", 0.4286, "per-pod", engine, 1.0, 500),
-        ("ml", "dra-trainer", "gpu.nvidia.com/gpu-1"): ("dra", 1.0, "per-pod", util, 0.5, 100),
+        (VISION, "detector", "nvidia.com/gpu"): ("time-slicing", 0.5, "per-pod", util, 1.5, 300),
+        (SERVING, "llm-0", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 30.0, 3000),
+        (SERVING, "llm-1", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 0.0, 3000),
+        (SERVING, "llm-2", "nvidia.com/gpu"): ("mps", 0.1, "per-pod", util, 2.0, 3000),
+        (ML, "mig-small", "nvidia.com/mig-1g.5gb"): ("mig", 0.1429, "per-pod", engine, 50.0, 2000),
+        (VISION, "mig-medium", "nvidia.com/mig-3g.20gb"): ("mig", 0.4286, "per-pod", engine, 1.0, 500),
+        (ML, "dra-trainer", "gpu.nvidia.com/gpu-1"): ("dra", 1.0, "per-pod", util, 0.5, 100),
     }
     idle = [(h["namespace"], h["name"]) for h in usage["idle"]["holders"]]
     # most GPU-hours first: GPUs held x the window (every series covers all of it)
-    assert idle == [("ml", "dra-trainer"), ("ml", "train-bert"), ("vision", "detector"), ("vision", "mig-medium"),
-                    ("ml", "notebook-2"), ("serving", "llm-1"), ("serving", "llm-2")]
+    assert idle == [(ML, "dra-trainer"), (ML, "train-bert"), (VISION, "detector"), (VISION, "mig-medium"),
+                    (ML, "notebook-2"), (SERVING, "llm-1"), (SERVING, "llm-2")]
     assert usage["idle"]["holders"][0]["idleGpuHours"] == round(WINDOW / 3600, 4)
-    assert usage["notes"] == ["no usage series for 1 holder pod in the last 20s (ml/just-started): started within "
-                              "the window, or not mapped by dcgm-exporter"]
+    assert usage["notes"] == ["no usage series for 1 holder pod in the last 20s (usage-ml/just-started): started "
+                              "within the window, or not mapped by dcgm-exporter"]
 
 
 def test_table_keeps_the_allocations_and_adds_usage(plane: Plane) -> None:
-    result = inspect(*ARGS, "-n", "serving", "--usage", "--idle", "--prometheus", plane.prometheus,
+    result = inspect(*ARGS, "-n", SERVING, "--usage", "--idle", "--prometheus", plane.prometheus,
                      kubeconfig=plane.kubeconfig)
     assert (result.returncode, result.stderr) == (0, "")
     lines = result.stdout.splitlines()
-    assert "  serving/llm-0   server      nvidia.com/gpu   1" in lines  # the allocation table
+    assert "  usage-serving/llm-0   server      nvidia.com/gpu   1" in lines  # the allocation table
     usage = lines.index(f"usage over the last {WINDOW}s, Prometheus at {plane.prometheus}")
     assert lines[usage + 1].split() == ["POD", "NODE", "RESOURCE", "SHARING", "GPUS", "UTIL%", "AVG", "UTIL%", "MAX",
                                         "FB", "MiB", "AVG", "FB", "MiB", "MAX", "FIGURES"]
     assert [line.split() for line in lines[usage + 2:usage + 5]] == [
-        ["serving/llm-0", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "30", "30", "3000", "3000", "per", "pod"],
-        ["serving/llm-1", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "0", "0", "3000", "3000", "per", "pod"],
-        ["serving/llm-2", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "2", "2", "3000", "3000", "per", "pod"]]
+        [f"{SERVING}/llm-0", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "30", "30", "3000", "3000",
+         "per", "pod"],
+        [f"{SERVING}/llm-1", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "0", "0", "3000", "3000",
+         "per", "pod"],
+        [f"{SERVING}/llm-2", f"{P}gpu-l4-mps", "nvidia.com/gpu", "mps", "0.1", "2", "2", "3000", "3000",
+         "per", "pod"]]
     assert f"idle GPU holders, under 5% GPU utilisation for the last {WINDOW}s, most GPU-hours first" in lines
-    assert lines[-1].endswith("3 pods in namespace serving holding GPU resources")
+    assert lines[-1].endswith(f"3 pods in namespace {SERVING} holding GPU resources")
 
 
 def test_unreachable_prometheus_keeps_the_table(plane: Plane) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = inspect(*ARGS, "--usage", "--prometheus", url, kubeconfig=plane.kubeconfig)
     assert result.returncode == 3
-    assert ["ml/train-bert", "trainer", "nvidia.com/gpu", "1"] in [line.split() for line in result.stdout.splitlines()]
+    table = [line.split() for line in result.stdout.splitlines()]
+    assert [f"{ML}/train-bert", "trainer", "nvidia.com/gpu", "1"] in table
     assert f"usage over the last {WINDOW}s, Prometheus at {url}: not shown: cannot reach Prometheus at {url}: " \
         in result.stdout
     assert result.stderr.startswith(f"error: cannot reach Prometheus at {url}: ")
@@ -290,7 +297,7 @@ def test_rbac_without_services_proxy_is_refused(plane: Plane, services: None, tm
 
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "inspect.md"
-DOC_COMMAND = "$ kubectl gpu-stack inspect -n serving --usage --idle --since 20s"
+DOC_COMMAND = "$ kubectl gpu-stack inspect -n usage-serving --usage --idle --since 20s"
 
 
 def _documented_tail() -> str:
@@ -303,7 +310,7 @@ def _documented_tail() -> str:
 
 
 def test_the_docs_show_this_output(plane: Plane, services: None) -> None:
-    result = inspect(*ARGS, "-n", "serving", "--usage", "--idle", kubeconfig=plane.kubeconfig)
+    result = inspect(*ARGS, "-n", SERVING, "--usage", "--idle", kubeconfig=plane.kubeconfig)
     assert (result.returncode, result.stderr) == (0, "")
     tail = result.stdout[result.stdout.index("usage over the last"):]
     assert tail == _documented_tail(), tail
