@@ -189,10 +189,13 @@ bench: $(STAMP) helm
 	  else echo "bench: no real node here ($$($(PY) hack/netns.py check)): pod startup not measured" >&2; fi
 
 # `kubectl gpu-stack inspect` at scale: 500 GPU nodes and 20,000 pods POSTed to a throwaway API server
-# (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min). Writes bench/inspect-scale.md
-# and its section of BENCHMARKS.md (`make bench` keeps it). The same check as a test: GPU_STACK_E2E_SCALE=1 make e2e.
-bench-inspect: $(STAMP) helm
+# (hack/controlplane.py), the command timed (bench/inspect_scale.py, ~3 min); then `inspect --usage --idle` over
+# 1,000 GPU nodes and 8,000 GPU pods against a real Prometheus (Debian's package) scraping a stand-in
+# dcgm-exporter (bench/inspect_usage.py, ~4 min). Writes bench/inspect-scale.md and its section of BENCHMARKS.md
+# (`make bench` keeps it). The same check as a test: GPU_STACK_E2E_SCALE=1 make e2e.
+bench-inspect: $(STAMP) helm promtool
 	$(PY) hack/controlplane.py run -- $(PY) bench/inspect_scale.py --report
+	$(PY) hack/controlplane.py run -- $(PY) bench/inspect_usage.py --report
 
 # Long property-based run (tests/property, hypothesis profile "fuzz": FUZZ_EXAMPLES per property, default
 # 17000 x 9 properties > 150,000 cases; the two CEL equivalence properties: CEL_FUZZ_EXAMPLES, default 10,000

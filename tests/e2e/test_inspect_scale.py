@@ -1,5 +1,6 @@
 """`inspect` at scale against a real API server: 500 GPU nodes and 20,000 pods created through the API
-(bench/inspect_scale.py builds and POSTs them), then the command's summary and request count.
+(bench/inspect_scale.py builds and POSTs them), then the command's summary and request count; and
+`--usage --idle` over 1,000 GPU nodes and 8,000 GPU pods against a real Prometheus (bench/inspect_usage.py).
 
 Creating the objects takes a minute or more on a 2-CPU machine, so this runs only when asked:
 GPU_STACK_E2E_SCALE=1 (`make bench-inspect` also writes the figures into BENCHMARKS.md)."""
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from gpu_stack_dev.bench import inspect_scale as scale
+from gpu_stack_dev.bench import inspect_usage
 from gpu_stack_dev.e2e.e2elib import E2ECluster
 
 pytestmark = [
@@ -36,3 +38,13 @@ def test_500_nodes_20000_pods(cluster: E2ECluster) -> None:
     # Paged: one request per 500 objects (and the ConfigMap, the two dashboard lists, the DRA slices and
     # claims), never one per node or pod.
     assert run.requests <= math.ceil(run.pods / 500) + math.ceil(run.nodes / 500) + 7
+
+
+def test_usage_over_1000_nodes_and_8000_gpu_pods_with_a_real_prometheus(cluster: E2ECluster) -> None:
+    # bench/inspect_usage.py's cluster and Prometheus: the clock query and one range query per metric, every pod
+    # with its figures (exit 0), and the idle ones found (timings are in BENCHMARKS.md, not asserted here).
+    populated, runs, _ = inspect_usage.measure(Path(cluster.kubeconfig), rounds=1)
+    assert (populated.nodes, populated.pods) == (1000, 8000)
+    assert [(r.output, r.status, r.queries, r.idle) for r in runs] == [
+        (output, 0, 4, inspect_usage.expected_idle(1000)) for output in ("table", "json")]
+    assert inspect_usage.check(runs) == ""

@@ -97,8 +97,10 @@ class Populated:
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # os.getloadavg() before creating
 
 
-def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Populated:
-    """Create the scale cluster through the API with concurrent POSTs (raw JSON, no client models)."""
+def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12,
+             objects: tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str | None]]] | None = None) -> Populated:
+    """Create the scale cluster through the API with concurrent POSTs (raw JSON, no client models); `objects`:
+    other nodes and (pod, phase) to create instead (bench/inspect_usage.py)."""
     from kubernetes import client, config  # noqa: PLC0415
 
     configuration = client.Configuration()
@@ -123,8 +125,8 @@ def populate(kubeconfig: Path, nodes: int, pods: int, workers: int = 12) -> Popu
         call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
         call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "default"}})
     requests += 2 * len(NAMESPACES)
-    node_objects = list(scale_nodes(nodes))
-    pod_objects = list(scale_pods(node_objects, pods))
+    node_objects = list(scale_nodes(nodes)) if objects is None else objects[0]
+    pod_objects = list(scale_pods(node_objects, pods)) if objects is None else objects[1]
 
     def create_node(node: dict[str, Any]) -> None:
         status = node.pop("status")

@@ -2,13 +2,18 @@
 `kubectl-gpu_stack`): argument parsing only; data from fetch.py, model from model.py (records in
 records.py, dashboards in dashboards.py), output from render.py.
 
-Exit status: 0 printed, 1 the cluster could not be read (the message says why), 2 bad arguments.
+Exit status: 0 printed, 1 the cluster could not be read (the message says why), 2 bad arguments. With
+--usage or --idle (the allocation table is printed whatever Prometheus answers): 3 Prometheus could not be
+asked (unreachable, timed out, an error status, not a Prometheus), 4 it refused the credentials (401/403),
+5 it has no dcgm-exporter series, 6 figures with a gap (a holder pod without series, or clock skew).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +21,9 @@ from gpu_stack_webhook.gpuinspect import fetch as inspect_fetch
 from gpu_stack_webhook.gpuinspect import model as inspect_model
 from gpu_stack_webhook.gpuinspect import records as inspect_records
 from gpu_stack_webhook.gpuinspect import render as inspect_render
+from gpu_stack_webhook.gpuinspect import usage_query
 from gpu_stack_webhook.gpuinspect.dashboards import dashboards as found_dashboards
+from gpu_stack_webhook.gpuinspect.prometheus import Client as PrometheusClient
 from gpu_stack_webhook.kube.client import KubernetesClientApi
 from gpu_stack_webhook.kube.live import DevicePluginReader, OperatorReader, add_source_arguments
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
@@ -24,7 +31,9 @@ from gpu_stack_webhook.policy.sharing import SharingIndex
 from gpu_stack_webhook.settings import load_terminal_settings
 
 PLUGIN_PROG = "kubectl gpu-stack"
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# --usage / --idle: Prometheus unreachable, refused, no dcgm-exporter series, figures with a gap
+USAGE_EXIT = {"unreachable": 3, "refused": 4, "no-series": 5, "partial": 6, "ok": EXIT_OK}
 
 
 def _positive(value: str) -> int:
@@ -62,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: on a terminal unless NO_COLOR is set (default)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the objects read, requests made and seconds taken to stderr")
+    usage_query.add_arguments(parser)
 
 
 def run(args: argparse.Namespace, api: Any = None) -> int:
@@ -92,13 +102,31 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
                                         notes=notes, dashboards=dashboards,
                                         resource_slices=snapshot.resource_slices,
                                         resource_claims=snapshot.resource_claims)
+    usage, asked_seconds = None, 0.0
+    if args.usage or args.idle:
+        try:
+            chosen, setting_notes = usage_query.settings(args, snapshot.annotations)
+            client = PrometheusClient(usage_query.transport(args, api))
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        asked_at = time.perf_counter()
+        usage = usage_query.ask(report, client, chosen)
+        asked_seconds = time.perf_counter() - asked_at
+        if setting_notes:
+            usage = dataclasses.replace(usage, notes=(*setting_notes, *usage.notes))
     color = args.output in ("table", "wide") and inspect_render.color_wanted(
         args.color, sys.stdout, load_terminal_settings())
-    sys.stdout.write(inspect_render.render(report, args.output, color=color))
+    sys.stdout.write(inspect_render.render(report, args.output, color=color, usage=usage, show_usage=args.usage,
+                                           show_idle=args.idle))
     if args.verbose:
         print(f"read {len(snapshot.nodes)} nodes and {len(snapshot.pods)} pods in {snapshot.requests} requests, "
               f"{snapshot.seconds:.2f} s", file=sys.stderr)
-    return EXIT_OK
+        if usage is not None:
+            print(f"asked Prometheus at {usage.where} {usage.queries} queries, {asked_seconds:.2f} s", file=sys.stderr)
+    if usage is not None and usage.error is not None:
+        print(f"error: {usage.error}", file=sys.stderr)
+    return EXIT_OK if usage is None else USAGE_EXIT[usage.status]
 
 
 def live_sharing(args: argparse.Namespace, api: Any) -> tuple[SharingIndex | None, str]:

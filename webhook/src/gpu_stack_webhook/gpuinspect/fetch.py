@@ -67,6 +67,8 @@ class Snapshot:
     resource_claims: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     seconds: float = 0.0
+    # The device plugin ConfigMap's annotations (the idle thresholds, usage_query.py IDLE_ANNOTATIONS)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ class Reader:
         return list(self.list_all(self.core.list_pod_for_all_namespaces, "pods", "at the cluster scope",
                                   chunk_size=query.chunk_size, field_selector=POD_FIELD_SELECTOR))
 
-    def configmap(self, query: Query) -> tuple[Mapping[str, str] | None, str | None, list[str]]:
+    def configmap(self, query: Query) -> tuple[Mapping[str, str] | None, str | None, list[str],
+                                               Mapping[str, str]]:
         where = f"{query.configmap_namespace}/{query.configmap_name}"
         try:
             body = self._get(self.core.read_namespaced_config_map, "get", "configmaps",
@@ -178,12 +181,13 @@ class Reader:
         except InspectError as exc:
             if not str(exc).startswith("forbidden"):
                 raise
-            return None, None, [f"device plugin configs not read ({exc}); sharing is shown as GFD labels it"]
+            return None, None, [f"device plugin configs not read ({exc}); sharing is shown as GFD labels it"], {}
         if body is None:
             return None, None, [f"ConfigMap {where} not found (--configmap-namespace/--configmap name it); "
-                                "sharing is shown as GFD labels it"]
+                                "sharing is shown as GFD labels it"], {}
         annotations = (body.get("metadata") or {}).get("annotations") or {}
-        return dict(body.get("data") or {}), annotations.get(DEFAULT_CONFIG_ANNOTATION), []
+        return (dict(body.get("data") or {}), annotations.get(DEFAULT_CONFIG_ANNOTATION), [],
+                {str(k): str(v) for k, v in annotations.items()})
 
 
     def dra(self, query: Query) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
@@ -264,9 +268,10 @@ def fetch(api: Any, query: Query) -> Snapshot:
     reader = Reader(api)
     nodes = reader.nodes(query)
     pods = reader.pods(query, [n["metadata"]["name"] for n in nodes]) if nodes else []
-    configs, default, notes = reader.configmap(query) if query.chart_configmap else (None, None, [])
+    configs, default, notes, annotations = reader.configmap(query) if query.chart_configmap else (None, None, [], {})
     slices, claims, dra_notes = reader.dra(query) if nodes else ([], [], [])
     dashboards, dashboard_notes = reader.dashboards(query)
     return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default,
                     notes=notes + dra_notes + dashboard_notes, dashboards=dashboards, resource_slices=slices,
-                    resource_claims=claims, requests=reader.requests, seconds=time.perf_counter() - started)
+                    resource_claims=claims, requests=reader.requests, seconds=time.perf_counter() - started,
+                    annotations=annotations)

@@ -7,13 +7,14 @@ unless NO_COLOR is set (https://no-color.org) or TERM is dumb. JSON and YAML are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import IO
 
+import orjson
 import yaml
 
 from gpu_stack_webhook.gpuinspect.records import Dashboards, NodeRecord, Report, ResourceUse
+from gpu_stack_webhook.gpuinspect.usage import Figures, Usage
 from gpu_stack_webhook.settings import TerminalSettings
 
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -172,7 +173,54 @@ def summary_line(report: Report) -> str:
     return text + f"; {pods} pod{'s' if pods != 1 else ''}{where} holding GPU resources"
 
 
-def render_table(report: Report, wide: bool = False, color: bool = False) -> str:
+def _num(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def _pair(f: Figures | None) -> tuple[str, str]:
+    return ("-", "-") if f is None else (_num(f.mean), _num(f.max))
+
+
+_FIGURES = {"per-pod": "per pod", "device-level": "shared, device-level", "none": "no series"}
+
+
+def _hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.4f}"
+
+
+def _gpus(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def render_usage(usage: Usage, show_usage: bool, show_idle: bool, paint: _Paint) -> list[str]:
+    """The holders' use over the window (--usage) and the idle ones, most GPU-hours first (--idle)."""
+    title = f"the last {usage.window}, Prometheus at {usage.where}" if usage.where else f"the last {usage.window}"
+    if usage.error is not None:
+        return [f"{paint('usage', BOLD)} over {title}: not shown: {paint(usage.error, RED)}", ""]
+    lines: list[str] = []
+    if show_usage:
+        lines.append(f"{paint('usage', BOLD)} over {title}")
+        rows = [[f"{h.namespace}/{h.pod}", h.node, h.resource, h.sharing, _gpus(h.gpus),
+                 *_pair(h.utilization), *_pair(h.memory), _FIGURES[h.figures]] for h in usage.holders]
+        lines += _table(["POD", "NODE", "RESOURCE", "SHARING", "GPUS", "UTIL% AVG", "UTIL% MAX", "FB MiB AVG",
+                         "FB MiB MAX", "FIGURES"], rows, paint) if rows else ["  no pods hold GPUs"]
+    if show_idle:
+        idle = usage.idle
+        head = f"under {_num(usage.below)}% GPU utilisation for the last {usage.window}"
+        if idle:
+            lines.append(f"{paint('idle', BOLD)} GPU holders, {head}, most GPU-hours first")
+            rows = [[f"{h.namespace}/{h.pod}", h.node, h.resource, h.sharing, _hours(h.idle_gpu_hours),
+                     _pair(h.utilization)[1], _FIGURES[h.figures]] for h in idle]
+            lines += _table(["POD", "NODE", "RESOURCE", "SHARING", "GPU-HOURS", "UTIL% MAX", "FIGURES"], rows,
+                            paint, [["", "", "", "", YELLOW, "", ""] for _ in rows])
+        else:
+            lines.append(f"{paint('idle', BOLD)}: no GPU holder {head}")
+    lines += [f"  {paint('note', YELLOW)}: {note}" for note in usage.notes]
+    return [*lines, ""]
+
+
+def render_table(report: Report, wide: bool = False, color: bool = False, *, usage: Usage | None = None,
+                 show_usage: bool = False, show_idle: bool = False) -> str:
     paint = _Paint(color)
     lines: list[str] = []
     for node in report.nodes:
@@ -181,14 +229,21 @@ def render_table(report: Report, wide: bool = False, color: bool = False) -> str
         lines.append("No GPU nodes found.")
     if report.dashboards is not None:
         lines += [*render_dashboards(report.dashboards, paint), ""]
+    if usage is not None:
+        lines += render_usage(usage, show_usage, show_idle, paint)
     lines += [f"{paint('note', YELLOW)}: {note}" for note in report.notes]
     lines.append(paint(summary_line(report), BOLD))
     return "\n".join(lines) + "\n"
 
 
-def render(report: Report, output: str, color: bool = False) -> str:
-    if output == "json":
-        return json.dumps(report.to_dict(), indent=2) + "\n"
-    if output == "yaml":
-        return str(yaml.safe_dump(report.to_dict(), sort_keys=False, default_flow_style=False))
-    return render_table(report, wide=output == "wide", color=color)
+def render(report: Report, output: str, color: bool = False, *, usage: Usage | None = None,
+           show_usage: bool = False, show_idle: bool = False) -> str:
+    if output in ("json", "yaml"):
+        document = report.to_dict()
+        if usage is not None:
+            document["usage"] = usage.to_dict(show_idle)
+        if output == "json":  # orjson: json.dumps(indent=2)'s text, without its pure-Python indenting encoder
+            return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+        return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
+    return render_table(report, wide=output == "wide", color=color, usage=usage, show_usage=show_usage,
+                        show_idle=show_idle)
