@@ -35,6 +35,8 @@ NOT_RUN: list[tuple[Callable[[list[str]], bool], str]] = [
      "needs the Prometheus Operator's CRDs (the monitoring overlay)"),
     (lambda w: any(word.startswith("clusterpolicies.nvidia.com") for word in w),
      "needs the GPU Operator's ClusterPolicy CRD; tests/e2e/test_gpu_operator_policy.py runs beside the operator"),
+    (lambda w: "--usage" in w or "--idle" in w,
+     "reads dcgm-exporter's series from a Prometheus; tests/e2e/test_inspect_usage_e2e.py runs it beside a real one"),
     (lambda w: any(word.startswith("oci://") for word in w),
      "pulls the chart from a public registry; tests/e2e/node/test_registry.py installs a release from one of its own"),
     (lambda w: w[0] not in ("kubectl", "helm"), "runs on a build machine or a GPU node, not against the cluster"),

@@ -4,7 +4,7 @@
 * /validate >= 0.90x and /mutate (with patches) >= 0.85x the bare allow-all's throughput, in every round (the
   ratio of each round uses the baseline of the same round), on the pod mix (gpu_stack_dev.bench.bodies
   `pod_mix`) and on one identical body (`gpu_pod_3c`) alike, with both gunicorn workers holding
-  connections in every round and zero errors (issue 52);
+  connections in every round and zero errors;
 * p99 on /validate at a fixed 1,000 reviews/s <= 1.2x the bare stack's p99 of the same round, every round;
 * worker VmRSS <= 60 MB after the 200-container sweep; no growth over the soak (`make soak`, which
   writes bench/soak.md).
