@@ -71,7 +71,10 @@ def test_role_follows_the_dashboards_namespace_and_its_selector_finds_them() -> 
 
 def test_device_plugin_configmap_names_the_default_config() -> None:
     cm = one(render(3, "per-node-configs.yaml").objects(), "ConfigMap", CONFIGMAP)
-    assert cm["metadata"]["annotations"] == {"gpu-stack.io/default-config": "default"}
+    assert cm["metadata"]["annotations"] == {"gpu-stack.io/default-config": "default",
+                                             # the idle alert's thresholds (test_idle_thresholds.py)
+                                             "gpu-stack.io/idle-gpu-utilization-percent-below": "5",
+                                             "gpu-stack.io/idle-gpu-window": "30m"}
     assert sorted(cm["data"]) == ["default", "mig-mixed", "mps-x10", "ts-x4"]
 
 
@@ -115,3 +118,23 @@ def test_notes_print_the_inspect_command_with_the_dashboards_namespace_when_it_d
     assert _inspect_line("--set", "monitoring.dashboards.enabled=true") == plain
     assert _inspect_line("--set", "monitoring.dashboards.enabled=true", "--set",
                          "monitoring.dashboards.namespace=grafana") == f"{plain} --dashboards-namespace grafana"
+
+
+def test_prometheus_proxy_is_granted_only_for_the_named_service() -> None:
+    """inspect --usage asks Prometheus at /api/v1/namespaces/NS/services/NAME:PORT/proxy: the Role grants `get` on
+    exactly that resource name, in that namespace, bound to the inspect subjects; nothing by default."""
+    assert [o for o in render(4).objects() if o["metadata"]["name"] == f"{ROLE}-prometheus"] == []
+    objects = render(4, set_json={"inspect.rbac.subjects": [GROUP],
+                                  "inspect.rbac.prometheusService": "monitoring/prometheus-operated:9090"}).objects()
+    role = one(objects, "Role", f"{ROLE}-prometheus")
+    assert role["metadata"]["namespace"] == "monitoring"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["services/proxy"],
+                              "resourceNames": ["prometheus-operated:9090"], "verbs": ["get"]}]
+    binding = one(objects, "RoleBinding", f"{ROLE}-prometheus")
+    assert (binding["metadata"]["namespace"], binding["subjects"]) == ("monitoring", [GROUP])
+    assert binding["roleRef"]["name"] == f"{ROLE}-prometheus"
+
+
+@pytest.mark.parametrize("service", ["monitoring/prometheus-operated", "prometheus-operated:9090", "Mon/p:9090"])
+def test_prometheus_service_must_be_namespace_name_port(service: str) -> None:
+    assert not render(4, set_json={"inspect.rbac.prometheusService": service}).ok

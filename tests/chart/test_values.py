@@ -70,6 +70,7 @@ EXAMPLES: dict[str, Any] = {
     "webhook.rbac.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
     "webhook.rbac.extraClusterRules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
     "inspect.rbac.subjects": [{"kind": "Group", "name": "gpu-users", "apiGroup": "rbac.authorization.k8s.io"}],
+    "inspect.rbac.prometheusService": "monitoring/prometheus-operated:9090",
     "webhook.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
     "monitoring.prometheusRule.webhookLatencyRatio": 0.8,
     "dra.featureGates": {"MPSSupport": True},

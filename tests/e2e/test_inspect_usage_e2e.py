@@ -271,25 +271,37 @@ def test_a_service_without_pods_is_unreachable(plane: Plane, services: None) -> 
                                     "API server's proxy): HTTP 503: ")
 
 
-def test_rbac_without_services_proxy_is_refused(plane: Plane, services: None, tmp_path: Path) -> None:
-    # The chart's inspect ClusterRole and Role let the user read the cluster, not proxy to a Service.
+@pytest.mark.parametrize("grant", [False, True], ids=["chart-default", "prometheusService"])
+def test_the_chart_inspect_rbac_proxies_to_prometheus_only_when_named(plane: Plane, services: None, tmp_path: Path,
+                                                                      grant: bool) -> None:
+    # The chart's inspect ClusterRole and Role let the user read the cluster, not proxy to a Service, unless
+    # inspect.rbac.prometheusService names it.
     api = api_client(plane.kubeconfig)
     user = service_account_kubeconfig(api, plane.kubeconfig, CONFIGMAP_NAMESPACE, "usage-viewer", tmp_path / "sa")
     subject = {"kind": "ServiceAccount", "name": "usage-viewer", "namespace": CONFIGMAP_NAMESPACE}
-    objects = render_chart(["--set-json", f"inspect.rbac.subjects={json.dumps([subject])}",
-                            "--show-only", "templates/inspect/clusterrole.yaml",
-                            "--show-only", "templates/inspect/clusterrolebinding.yaml",
-                            "--show-only", "templates/inspect/role.yaml",
-                            "--show-only", "templates/inspect/rolebinding.yaml"], namespace=CONFIGMAP_NAMESPACE)
+    templates = ["clusterrole", "clusterrolebinding", "role", "rolebinding"]
+    values = ["--set-json", f"inspect.rbac.subjects={json.dumps([subject])}"]
+    if grant:
+        templates += ["prometheus-role", "prometheus-rolebinding"]
+        values += ["--set", "inspect.rbac.prometheusService=monitoring/prometheus-operated:9090"]
+    shown = [arg for t in templates for arg in ("--show-only", f"templates/inspect/{t}.yaml")]
+    objects = render_chart([*values, *shown], namespace=CONFIGMAP_NAMESPACE)
     create_objects(api, objects)
     try:
         for _ in range(50):  # RBAC changes reach the authorizer's cache within moments
-            result = inspect(*ARGS, "--usage", kubeconfig=user)
-            if result.returncode != 1:
+            result = inspect(*ARGS, "--usage", "-o", "json", kubeconfig=user)
+            if result.returncode not in ((1, 4) if grant else (1,)):
                 break
             time.sleep(0.2)
     finally:
         delete_objects(api, objects)
+    if grant:  # as the admin's own default path: figures, and a holder without series (exit 6)
+        assert result.returncode == 6, result.stderr
+        admin = json.loads(inspect(*ARGS, "--usage", "-o", "json", kubeconfig=plane.kubeconfig).stdout)["usage"]
+        figures = ("namespace", "name", "resource", "figures")
+        assert [[h[k] for k in figures] for h in json.loads(result.stdout)["usage"]["holders"]] == \
+            [[h[k] for k in figures] for h in admin["holders"]]
+        return
     assert result.returncode == 4, result.stderr
     assert result.stderr.startswith("error: Prometheus at service monitoring/prometheus-operated:9090 (through the API "
                                     "server's proxy) refused the request (403 Forbidden): ")
