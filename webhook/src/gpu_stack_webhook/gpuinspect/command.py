@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_stack_webhook.gpuinspect import fetch as inspect_fetch
@@ -80,12 +79,27 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
                                configmap_namespace=args.configmap_namespace, configmap_name=args.configmap,
                                dashboards_namespace=args.dashboards_namespace, chunk_size=args.chunk_size,
                                chart_configmap=args.policy_source == "chart")
+    asking: list[tuple[usage_query.Pending, list[str]]] = []  # Prometheus, asked while the cluster is read
+    bad_usage_flags: list[Exception] = []
+
+    def ask_prometheus(annotations: Mapping[str, str]) -> None:
+        try:
+            chosen, setting_notes = usage_query.settings(args, annotations)
+            client = PrometheusClient(usage_query.transport(args, api))
+        except (ValueError, OSError) as exc:
+            bad_usage_flags.append(exc)
+            return
+        asking.append((usage_query.Pending(client, chosen), setting_notes))
+
     try:
         api = api or inspect_fetch.api_client(args.kubeconfig, args.context)
-        snapshot = inspect_fetch.fetch(api, query)
+        snapshot = inspect_fetch.fetch(api, query, ask_prometheus if args.usage or args.idle else None)
     except inspect_fetch.InspectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if bad_usage_flags:
+        print(f"error: {bad_usage_flags[0]}", file=sys.stderr)
+        return EXIT_USAGE
     notes = list(snapshot.notes)
     sharing = None
     if args.policy_source != "chart":
@@ -103,16 +117,10 @@ def run(args: argparse.Namespace, api: Any = None) -> int:
                                         resource_slices=snapshot.resource_slices,
                                         resource_claims=snapshot.resource_claims)
     usage, asked_seconds = None, 0.0
-    if args.usage or args.idle:
-        try:
-            chosen, setting_notes = usage_query.settings(args, snapshot.annotations)
-            client = PrometheusClient(usage_query.transport(args, api))
-        except (ValueError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        asked_at = time.perf_counter()
-        usage = usage_query.ask(report, client, chosen)
-        asked_seconds = time.perf_counter() - asked_at
+    if asking:
+        pending, setting_notes = asking[0]
+        usage = pending.usage(report)
+        asked_seconds = pending.seconds
         if setting_notes:
             usage = dataclasses.replace(usage, notes=(*setting_notes, *usage.notes))
     color = args.output in ("table", "wide") and inspect_render.color_wanted(

@@ -263,12 +263,16 @@ def _refused(exc: KubeError, host: str, verb: str, resource: str, scope: str) ->
     return InspectError(f"{verb} {resource} {scope}: HTTP {status} {reason}: {message}")
 
 
-def fetch(api: Any, query: Query) -> Snapshot:
+def fetch(api: Any, query: Query, configmap_read: Callable[[Mapping[str, str]], None] | None = None) -> Snapshot:
+    """`configmap_read(annotations)` is called once the device plugin ConfigMap is read, first, before the
+    nodes and pods (inspect --usage starts asking Prometheus then)."""
     started = time.perf_counter()
     reader = Reader(api)
+    configs, default, notes, annotations = reader.configmap(query) if query.chart_configmap else (None, None, [], {})
+    if configmap_read is not None:
+        configmap_read(annotations)
     nodes = reader.nodes(query)
     pods = reader.pods(query, [n["metadata"]["name"] for n in nodes]) if nodes else []
-    configs, default, notes, annotations = reader.configmap(query) if query.chart_configmap else (None, None, [], {})
     slices, claims, dra_notes = reader.dra(query) if nodes else ([], [], [])
     dashboards, dashboard_notes = reader.dashboards(query)
     return Snapshot(nodes=nodes, pods=pods, configs=configs, default_config=default,

@@ -6,6 +6,7 @@ rest."""
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -98,17 +99,72 @@ def transport(args: argparse.Namespace, api: Any) -> Transport:
     return ProxyTransport(api, namespace, name, port, args.prometheus_timeout)
 
 
-def ask(report: Report, client: Client, chosen: Settings, clock: Any = time.time) -> gpu_usage.Usage:
-    """Prometheus's clock first (the window ends there), then one range query per metric."""
+@dataclass(frozen=True)
+class Answers:
+    """What Prometheus answered: the window it ends at its clock, and each metric's figures (or the failure)."""
+    start: float
+    end: float
+    step: float
+    skew: float
+    series: Mapping[str, Any]
+    error: PrometheusError | None = None
+
+
+def collect(client: Client, chosen: Settings, clock: Any = time.time) -> Answers:
+    """Prometheus's clock first (the window ends there), then one range query per metric. Needs nothing of the
+    cluster's answers, so `Pending` runs it while the cluster is read."""
+    start = end = step = skew = 0.0
     try:
         mine = clock()
-        now = client.now()
-        start, step = now - chosen.seconds, max(chosen.seconds / STEPS, 1.0)
+        end = client.now()
+        start, step, skew = end - chosen.seconds, max(chosen.seconds / STEPS, 1.0), end - mine
         # One metric at a time, each reduced to its figures before the next is asked: one answer in memory.
-        series = {metric: gpu_usage.summaries(client.range(gpu_usage.range_query(metric), start, now, step))
+        series = {metric: gpu_usage.summaries(client.range(gpu_usage.range_query(metric), start, end, step))
                   for metric in gpu_usage.METRICS}
     except PrometheusError as exc:
-        return gpu_usage.failed(client.where, chosen.window, chosen.below, str(exc), status=exc.kind,
-                                queries=client.queries)
-    return gpu_usage.join(report, series, window=chosen.window, start=start, end=now, step=step, below=chosen.below,
-                          where=client.where, skew=now - mine, queries=client.queries)
+        return Answers(start, end, step, skew, {}, exc)
+    return Answers(start, end, step, skew, series)
+
+
+def usage_of(report: Report, client: Client, chosen: Settings, answers: Answers) -> gpu_usage.Usage:
+    if answers.error is not None:
+        return gpu_usage.failed(client.where, chosen.window, chosen.below, str(answers.error),
+                                status=answers.error.kind, queries=client.queries)
+    return gpu_usage.join(report, answers.series, window=chosen.window, start=answers.start, end=answers.end,
+                          step=answers.step, below=chosen.below, where=client.where, skew=answers.skew,
+                          queries=client.queries)
+
+
+def ask(report: Report, client: Client, chosen: Settings, clock: Any = time.time) -> gpu_usage.Usage:
+    return usage_of(report, client, chosen, collect(client, chosen, clock))
+
+
+class Pending:
+    """`collect` in a thread of its own, started as soon as the thresholds are known: the cluster is read
+    meanwhile, and the two waits (the API server's, Prometheus's evaluation) overlap."""
+
+    def __init__(self, client: Client, chosen: Settings, clock: Any = time.time) -> None:
+        self.client, self.chosen = client, chosen
+        self._answers: Answers | None = None
+        self._failure: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(clock,), name="prometheus", daemon=True)
+        self._thread.start()
+
+    def _run(self, clock: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._answers = collect(self.client, self.chosen, clock)
+        except BaseException as exc:
+            self._failure = exc
+        self.seconds = time.perf_counter() - started  # the queries (inspect -v: with the join, below)
+
+    def usage(self, report: Report) -> gpu_usage.Usage:
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+        assert self._answers is not None
+        started = time.perf_counter()
+        usage = usage_of(report, self.client, self.chosen, self._answers)
+        self.seconds += time.perf_counter() - started  # and the join
+        return usage
