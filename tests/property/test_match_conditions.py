@@ -8,7 +8,10 @@ and on every manifest of hack/demo/manifests:
   false, the webhook's own answer is allowed, with no patch and no warning: /validate for every judged
   kind, CREATE and UPDATE; /mutate for Pods being created;
 - the condition holds wherever the Python predicates of the rules' signals do (policy/scope.py): the
-  CEL is at least as wide as what the rules read.
+  CEL is at least as wide as what the rules read;
+- each rule, run on its own, reports nothing and changes nothing on a pod or workload that carries none of the
+  signals of its SCOPE: the contract the engine's scope gate (policy/engine.py) rests on, checked on the rule
+  itself, since through the webhook the gate would answer for it.
 
 `make test` runs MATCH_EXAMPLES (default 10,000) creates and a fifth of that as updates, derandomized;
 `make fuzz` runs CEL_FUZZ_EXAMPLES (default 10,000) random ones. The API server evaluates the same
@@ -33,6 +36,7 @@ from gpu_stack_webhook.policy import signals
 from gpu_stack_webhook.policy.config import PolicyConfig, parse_config
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.pod import PodView
+from gpu_stack_webhook.policy.rules import RULES
 from gpu_stack_webhook.policy.scope import in_scope, object_in_scope
 from gpu_stack_webhook.server.app import AppConfig, create_app
 from hypothesis import given, settings
@@ -135,6 +139,21 @@ def test_skipped_creates_get_nothing_from_the_webhook(name: str, pod: dict[str, 
     obj = wrap(pod, kind)
     check_skipped_requests(name, obj)
     check_wider_than_the_rules(name, obj)
+
+
+@settings(max_examples=max(EXAMPLES // 5, 100))
+@given(config_names, pods(), st.sampled_from(tuple(API)), st.booleans())
+def test_a_rule_outside_its_scope_reports_and_changes_nothing(name: str, pod: dict[str, Any], kind: str,
+                                                              patching: bool) -> None:
+    counting.tick()
+    obj = wrap(pod, kind)
+    can_patch = patching and kind == "Pod"
+    context = Context.for_config(_config(name), can_patch=can_patch)
+    for rule in RULES:
+        view = PodView.of(obj, kind, patchable=can_patch)
+        if any(signals.SIGNALS[signal].python(view, context) for signal in rule.scope):
+            continue
+        assert (list(rule.check(view, context)), view.desired.patch()) == ([], ()), (name, rule.id, obj)
 
 
 @settings(max_examples=max(EXAMPLES // 5, 100))

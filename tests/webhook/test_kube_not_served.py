@@ -18,7 +18,7 @@ from gpu_stack_webhook.kube.client import KubernetesClientApi, NotServed, object
 from gpu_stack_webhook.kube.live import OperatorReader
 from gpu_stack_webhook.kube.lookups import ApiFacts
 from gpu_stack_webhook.policy.config import PolicyConfig
-from gpu_stack_webhook.policy.facts import ASKING_RULE, Fact
+from gpu_stack_webhook.policy.facts import ASKING_RULE, AskingRule, Fact
 
 from .kube_replay import Replay, _handler
 from .test_kube_adapter import adapter
@@ -78,7 +78,7 @@ def test_lookups_say_the_rule_cannot_be_applied_and_log_it_once(pki: Pki, caplog
                  {"method": "GET", "path": TEMPLATE, **PAGE_NOT_FOUND}]
     with serving(pki, exchanges) as (replay, api), caplog.at_level(logging.WARNING, "gpu_stack_webhook.kube.lookups"):
         facts = ApiFacts(api)
-        asking = ASKING_RULE.set("GPU003")
+        asking = ASKING_RULE.set(AskingRule("GPU003"))
         try:
             first = facts.resource_claim("ml", "one")
             assert (first.known, first.note) == (False, "the API server does not serve resource.k8s.io/v1 "
@@ -89,7 +89,7 @@ def test_lookups_say_the_rule_cannot_be_applied_and_log_it_once(pki: Pki, caplog
         finally:
             ASKING_RULE.reset(asking)
         assert facts.resource_claim("ml", "three").note == first.note  # outside a rule: no line
-        asking = ASKING_RULE.set("GPU002")
+        asking = ASKING_RULE.set(AskingRule("GPU002"))
         try:
             assert facts.resource_claim("ml", "four").note == first.note  # another rule: its own line
         finally:

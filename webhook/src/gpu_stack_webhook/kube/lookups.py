@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from gpu_stack_webhook.kube.client import ApiUnavailable, Forbidden, KubeApi, KubeError, NotServed
-from gpu_stack_webhook.policy.facts import ASKING_RULE, ENFORCE_LABEL, Fact, OfflineFacts
+from gpu_stack_webhook.policy.facts import ENFORCE_LABEL, Fact, OfflineFacts, asking_rule
 
 log = logging.getLogger("gpu_stack_webhook.kube.lookups")
 
@@ -95,7 +95,7 @@ class ApiFacts:
 
     def _log_not_served(self, what: str, message: str) -> None:
         """One WARNING per API and rule: which rule cannot be applied on this API server, and why."""
-        rule = ASKING_RULE.get()
+        rule = asking_rule()
         if not rule:  # asked outside a rule (which requests it may act on): the rules that ask next are named
             return
         with self.lock:

@@ -181,10 +181,22 @@ def extended_resource_class(resource: str) -> str:
 
 
 def names_dra(pod: PodView) -> bool:
-    """Does the pod name DRA claims or a deviceclass.resource.kubernetes.io/ resource (Signal.GPU_POD)?"""
-    if pod.spec.get("resourceClaims"):
-        return True
-    return any(extended_resource_class(str(r)) for c in pod.containers() for r in (*c.requests, *c.limits))
+    """Does the pod name DRA claims or a deviceclass.resource.kubernetes.io/ resource (Signal.GPU_POD)? Memoized per
+    pod: the scope gate and several rules ask, and most pods name neither."""
+    memo: bool | None = pod.memo.get(names_dra)
+    if memo is not None:
+        return memo
+    found = bool(pod.spec.get("resourceClaims")) or any(
+        _names_device_class(c.requests) or _names_device_class(c.limits) for c in pod.containers())
+    pod.memo[names_dra] = found
+    return found
+
+
+def _names_device_class(resources: dict[str, Any]) -> bool:
+    for resource in resources:
+        if isinstance(resource, str) and extended_resource_class(resource):
+            return True
+    return False
 
 
 class PodClaim:

@@ -16,10 +16,11 @@ from typing import Any
 from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.desired import DesiredPod
-from gpu_stack_webhook.policy.facts import ASKING_RULE, OFFLINE, ClusterFacts
+from gpu_stack_webhook.policy.facts import ASKING_RULE, OFFLINE, AskingRule, ClusterFacts
 from gpu_stack_webhook.policy.findings import Finding, JsonPatchOp, Severity
 from gpu_stack_webhook.policy.pod import POD_SPEC_LOCATIONS, NotAPodError, PodView
 from gpu_stack_webhook.policy.rules import RULE_IDS, RULES, Rule
+from gpu_stack_webhook.policy.signals import SIGNALS, Signal
 
 # (API group, kind) of everything we judge; the pod spec location per kind is in pod.py.
 JUDGED_KINDS: frozenset[tuple[str, str]] = frozenset(
@@ -32,6 +33,35 @@ assert {k for _, k in JUDGED_KINDS} == set(POD_SPEC_LOCATIONS)
 DRA_GROUP = "resource.k8s.io"
 DRA_KINDS: frozenset[tuple[str, str]] = frozenset({(DRA_GROUP, "ResourceClaim"), (DRA_GROUP, "ResourceClaimTemplate")})
 PATCHABLE_KINDS = frozenset({"Pod", "ResourceClaim", "ResourceClaimTemplate"})
+# The order the scope gate asks a pod's signals in: a GPU pod answers the first for every rule but GPU009.
+GATE_ORDER = (Signal.GPU_POD, Signal.NVIDIA_RUNTIME, Signal.MPS_SELECTION, Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
+_PREDICATES = tuple(SIGNALS[signal].python for signal in GATE_ORDER)
+# What the gate knows of a signal during one evaluation (a list indexed like GATE_ORDER: a Signal is an Enum,
+# whose hash is a Python method, too slow to key a dict read for every rule of every review).
+NOT_ASKED, CARRIED, ABSENT = 0, 1, 2
+
+
+class Gated:
+    """A rule with the signals of its SCOPE as indices into GATE_ORDER: the engine runs it on a pod carrying one.
+    A rule whose scope is every signal (Rule's default: a rule that declares none) runs on every pod."""
+
+    __slots__ = ("always", "rule", "signals")
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.always = rule.scope >= frozenset(GATE_ORDER)
+        self.signals = tuple(i for i, signal in enumerate(GATE_ORDER) if signal in rule.scope)
+
+
+def carries(signals: tuple[int, ...], pod: PodView, ctx: Context, carried: list[int]) -> bool:
+    """Does the pod carry one of `signals`? Each signal's predicate is asked at most once per evaluation."""
+    for i in signals:
+        found = carried[i]
+        if found == NOT_ASKED:
+            found = carried[i] = CARRIED if _PREDICATES[i](pod, ctx) else ABSENT
+        if found == CARRIED:
+            return True
+    return False
 
 
 class RuleCrashed(Exception):
@@ -80,6 +110,8 @@ class Policy:
         self.facts = facts
         self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
         self._mutating = tuple(r for r in self.rules if r.mutating)
+        self._gated = tuple(Gated(r) for r in self.rules)
+        self._gated_mutating = tuple(Gated(r) for r in self._mutating)
         self._patching = Context.for_config(config, can_patch=True)
         self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)
         self._exempt = frozenset(config.exempt_namespaces)
@@ -100,14 +132,24 @@ class Policy:
             return self._evaluate_object(obj, kind, ctx, patching, mutating_only)
         pod = PodView.of(obj, kind, patchable=patching)
         findings: list[Finding] = []
-        for rule in self._mutating if mutating_only else self.rules:
-            asking = ASKING_RULE.set(rule.id)
-            try:
-                findings.extend(rule.check(pod, ctx))
-            except Exception as error:  # a rule bug must become a decision, never a 500 traceback
-                raise RuleCrashed(rule, error) from error
-            finally:
-                ASKING_RULE.reset(asking)
+        # The scope gate: a rule runs only on a pod carrying a signal of its SCOPE. Outside it a rule reports
+        # nothing and changes nothing (the rules' contract, tests/property/test_match_conditions.py), which is also
+        # why the API server is told not to send such pods at all (the matchConditions); most pods of a cluster
+        # carry none, and are answered after a few reads of their spec instead of every rule's walk.
+        carried = [NOT_ASKED] * len(GATE_ORDER)
+        asking = AskingRule()
+        token = ASKING_RULE.set(asking)
+        try:
+            for gated in self._gated_mutating if mutating_only else self._gated:
+                rule = gated.rule
+                asking.rule = rule.id
+                try:
+                    if gated.always or carries(gated.signals, pod, ctx, carried):
+                        findings.extend(rule.check(pod, ctx))
+                except Exception as error:  # a rule bug must become a decision, never a 500 traceback
+                    raise RuleCrashed(rule, error) from error
+        finally:
+            ASKING_RULE.reset(token)
         return Evaluation(tuple(findings), pod.desired.patch())
 
     def _evaluate_object(self, obj: Mapping[str, Any], kind: str, ctx: Context, patching: bool,

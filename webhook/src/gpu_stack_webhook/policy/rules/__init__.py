@@ -70,7 +70,8 @@ class Rule:
     name: str
     summary: str
     check: Check
-    # The requests it can act on (module SCOPE): a request carrying none of these is never sent to it.
+    # The requests it can act on (module SCOPE): a request carrying none of these is never sent to it (the default,
+    # every signal: sent every request).
     scope: frozenset[Signal] = frozenset(Signal)
     # It may change the pod or deny early (module MUTATING, default True): /mutate runs it on every pod.
     mutating: bool = True
