@@ -193,10 +193,7 @@ def names_dra(pod: PodView) -> bool:
 
 
 def _names_device_class(resources: dict[str, Any]) -> bool:
-    for resource in resources:
-        if isinstance(resource, str) and extended_resource_class(resource):
-            return True
-    return False
+    return any(isinstance(resource, str) and extended_resource_class(resource) for resource in resources)
 
 
 class PodClaim:
