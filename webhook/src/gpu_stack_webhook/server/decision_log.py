@@ -8,6 +8,12 @@ annotation (Metadata level) and the patch itself (Request level), the user saw t
 and `gpu_stack_rule_findings_total` counts it per rule. Requests that are not a review we can answer
 (HTTP 4xx) are one WARNING line each; an unexpected exception is logged where it happened, with its
 traceback (admission/pipeline.py).
+
+A decision record carries its fields twice: as its attributes, as `extra=` would set them (for caplog and
+filters), and in one attribute from which the JSON formatter writes the line without searching the record
+for them (server/json_logging.py). The line is the one python-json-logger's OrjsonFormatter wrote; writing
+it costs 11.7 µs instead of 18.0 µs (the INFO replies of the bench's /validate pod mix, in process, through
+gunicorn_conf.logging_config with lean_log_records, stderr on a file; tests/webhook/test_json_log_lines.py).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from typing import Any
 
 from gpu_stack_webhook.admission.decide import Decision, Endpoint
 from gpu_stack_webhook.admission.pipeline import Reply
+from gpu_stack_webhook.server.json_logging import FIELDS
 
 DECISION_LOGGER = "gpu_stack_webhook.decisions"
 decision_log = logging.getLogger(DECISION_LOGGER)
 log = logging.getLogger("gpu_stack_webhook.server.review_routes")
+MESSAGE = "admission decision"
 
 
 def level_of(decision: Decision) -> int:
@@ -70,4 +78,10 @@ def log_reply(endpoint: Endpoint, reply: Reply, seconds: float) -> None:
         fields["patch_ops"] = len(decision.patch)
     if reply.error:
         fields["error"] = reply.error
-    decision_log.log(level, "admission decision", extra=fields)
+    # Logger.log(level, MESSAGE, extra=fields) makes this record, with the fields as its attributes; they
+    # are also in one attribute, from which the JSON formatter writes them (json_logging.py).
+    record = decision_log.makeRecord(DECISION_LOGGER, level, "(unknown file)", 0, MESSAGE, (), None)
+    attributes = record.__dict__
+    attributes.update(fields)
+    attributes[FIELDS] = fields
+    decision_log.handle(record)

@@ -13,7 +13,8 @@
   `ssl_version` is deprecated and ignored by gunicorn 27).
 * preload_app: the app (and the policy) is built in the master before any socket is bound or worker
   forked; `serve` also validates the policy before starting gunicorn at all.
-* access log off (one JSON decision line per review instead); gunicorn's own log as JSON lines.
+* access log off (one JSON decision line per review instead); gunicorn's own log as JSON lines, all written
+  by python-json-logger's OrjsonFormatter with a shortcut for the decision lines (json_logging.py).
 * Prometheus multiprocess mode: a fresh PROMETHEUS_MULTIPROC_DIR created in the master, increments
   buffered per worker (metric_values.py) and flushed in worker_exit, dead workers marked in child_exit,
   the directory removed on exit.
@@ -159,7 +160,7 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {
             "json": {
-                "()": "pythonjsonlogger.orjson.OrjsonFormatter",
+                "()": "gpu_stack_webhook.server.json_logging.JsonLineFormatter",
                 "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
             }
