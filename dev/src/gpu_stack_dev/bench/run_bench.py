@@ -62,8 +62,9 @@ class Plan:
     rounds: int = 5
     warmup_s: int = 2
     saturation_s: int = 6
-    # Each round gives a server its saturation_s as this many runs in mirrored order (see `alternate`).
-    saturation_slices: int = 2
+    # Each round gives a server its saturation_s as this many runs in mirrored order (see `alternate`): runs of 1 s,
+    # so that a burst of other work on the shared machine falls on all three servers of a round, not on one.
+    saturation_slices: int = 6
     saturation_connections: int = 32
     paced_rounds: int = 3
     paced_s: int = 8
@@ -78,7 +79,7 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=2, warmup_s=1, saturation_s=2, paced_rounds=1, paced_s=2, size_s=2, rules_s=1,
+        return cls(rounds=2, warmup_s=1, saturation_s=2, saturation_slices=2, paced_rounds=1, paced_s=2, size_s=2, rules_s=1,
                    profile_s=2, inprocess_number=20)
 
 

@@ -71,8 +71,9 @@ def render(results: dict[str, Any], out_dir: Path) -> list[str]:
     w = out.append
     slices = plan.get("saturation_slices", 1)
     split = (f" as {slices} runs of {plan['saturation_s'] / slices:g} s in mirrored order (baseline, validate, "
-             f"mutate, mutate, validate, baseline: a drift of the machine's speed over the round falls on all three "
-             f"alike)" if slices > 1 else "")
+             f"mutate, then mutate, validate, baseline, and so on: a drift of the machine's speed over the round falls "
+             f"on all three alike, and the finer the slices, the less a passing burst of other work on the machine "
+             f"weighs on one server's share)" if slices > 1 else "")
     w(f"Same run, rounds alternating baseline / validate / mutate (order reversed every other round); "
       f"closed loop with {plan['saturation_connections']} keep-alive TLS connections, {plan['saturation_s']} s per "
       f"server per round{split}; the pod mix (see above; /mutate patches its GPU, MPS and MIG pods). The same "
