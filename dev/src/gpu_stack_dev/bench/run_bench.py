@@ -79,8 +79,8 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=2, warmup_s=1, saturation_s=2, saturation_slices=2, paced_rounds=1, paced_s=2, size_s=2, rules_s=1,
-                   profile_s=2, inprocess_number=20)
+        return cls(rounds=2, warmup_s=1, saturation_s=2, saturation_slices=2, paced_rounds=1, paced_s=2, size_s=2,
+                   rules_s=1, profile_s=2, inprocess_number=20)
 
 
 # --- processes and /proc --------------------------------------------------------------------------
