@@ -13,7 +13,8 @@ policies and the matchConditions from the modules; tests/property holds the two 
   the summary when left out).
 - `SCOPE`, the signals (policy/signals.py) of the requests it can act on: outside them it returns no
   finding and changes nothing, because the API server is told not to call the webhook for such requests
-  (the matchConditions are assembled from SCOPE and each signal's CEL).
+  (the matchConditions are assembled from SCOPE and each signal's CEL); policy/engine.py does not run it on a
+  pod carrying none of them.
 - `check(pod: PodView, ctx: Context) -> Iterable[Finding]` (the rules here return a list: compiled, a
   list is cheaper to build and read than a generator), pure: no I/O, no clock, no Flask, no
   Kubernetes client (the import contract in `make lint` fails otherwise). Cluster facts come from
