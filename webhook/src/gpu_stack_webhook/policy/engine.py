@@ -111,7 +111,7 @@ class Policy:
         self.rules: tuple[Rule, ...] = tuple(r for r in rules if r.id not in disabled)
         self._mutating = tuple(r for r in self.rules if r.mutating)
         self._gated = tuple(Gated(r) for r in self.rules)
-        self._gated_mutating = tuple(Gated(r) for r in self._mutating)
+        self._gated_mutating = tuple(g for g in self._gated if g.rule.mutating)
         self._patching = Context.for_config(config, can_patch=True)
         self._judging = Context(config=config, sharing=self._patching.sharing, can_patch=False)
         self._exempt = frozenset(config.exempt_namespaces)
