@@ -10,11 +10,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from gpu_stack_dev.bench.apiserver_rounds import Latencies
 
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"
 CALL_METRIC = "apiserver_admission_webhook_request_total"
+# The API server's own time evaluating a webhook's matchConditions (a histogram: its `_sum` in seconds), the
+# object and request turned into CEL values included (k8s.io/apiserver pkg/admission/metrics, v1.36).
+MATCH_METRIC = "apiserver_admission_match_condition_evaluation_seconds"
 GPU_SHARE = 0.10  # of the mixed creates: 90% of pods ask for no GPU
 # Of the non-GPU creates whose latency is judged: pods with a sandboxed runtimeClassName, which the chart's
 # matchConditions send to the webhook (every pod naming a RuntimeClass is, so GPU008 can judge it). One pod
@@ -53,33 +59,23 @@ def parse_calls(metrics: str, names: Sequence[str]) -> dict[tuple[str, str], flo
     """CALL_METRIC summed by (webhook name, type) over its other labels (code, operation, rejected), for
     the webhooks in `names`, from the Prometheus text of the API server's /metrics."""
     out: dict[tuple[str, str], float] = {}
-    for line in metrics.splitlines():
-        if not line.startswith(CALL_METRIC + "{"):
-            continue
-        labels_text, _, value = line[len(CALL_METRIC) + 1:].rpartition("} ")
-        labels = dict(_label(part) for part in _split_labels(labels_text))
-        if labels.get("name") in names:
-            key = (labels["name"], labels.get("type", "?"))
-            out[key] = out.get(key, 0.0) + float(value)
+    for sample in _samples(metrics, CALL_METRIC):
+        if sample.labels.get("name") in names:
+            key = (sample.labels["name"], sample.labels.get("type", "?"))
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
-def _split_labels(text: str) -> list[str]:
-    parts, current, quoted = [], "", False
-    for i, ch in enumerate(text):
-        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
-            quoted = not quoted
-        if ch == "," and not quoted:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return [*parts, current] if current else parts
+def parse_match_seconds(metrics: str, names: Sequence[str]) -> float:
+    """The seconds the API server spent evaluating the matchConditions of the webhooks in `names`, summed
+    over them and its other labels: MATCH_METRIC's `_sum`, from the Prometheus text of its /metrics."""
+    return sum(sample.value for sample in _samples(metrics, MATCH_METRIC + "_sum")
+               if sample.labels.get("name") in names)
 
 
-def _label(part: str) -> tuple[str, str]:
-    key, _, value = part.partition("=")
-    return key.strip(), value.strip().strip('"')
+def _samples(metrics: str, sample_name: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(metrics) for sample in family.samples
+            if sample.name == sample_name]
 
 
 def delta(after: Mapping[tuple[str, str], float],
@@ -114,11 +110,17 @@ class LatencyRun(Latencies):
     total: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     apiserver_cpu_s: float = 0.0  # the API server's CPU during the creates (/proc)
+    # The API server's time evaluating our webhooks' matchConditions during the creates (MATCH_METRIC).
+    match_seconds: float = 0.0
     sandboxed_share: float = 0.0  # of the creates, with a sandboxed runtimeClassName (SANDBOXED_SHARE)
 
     @property
     def cpu_ms_per_create(self) -> float:
         return 1000 * self.apiserver_cpu_s / len(self.latencies_ms) if self.latencies_ms else 0.0
+
+    @property
+    def match_us_per_create(self) -> float:
+        return 1e6 * self.match_seconds / len(self.latencies_ms) if self.latencies_ms else 0.0
 
 
 def sandboxed_at(index: int, share: float = SANDBOXED_SHARE) -> str:
@@ -224,12 +226,17 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
             "CPU per create)"
             + "".join(f"; `{load}`, creates sent at that rate whatever the answers (Poisson arrivals, the same "
                       "for every state; latency counted from when a create was due)" for load in loads[1:])
-            + ":", "",
+            + f". matchConditions µs per create: the API server's own time evaluating both webhooks' "
+            f"matchConditions (`{MATCH_METRIC}`, its sum, read before and after each batch), which counts turning "
+            "the object and the request into CEL values: the floor's figure is what any matchConditions cost, on "
+            "minus floor what the chart's expressions add (elapsed time, so under the closed loop it also holds "
+            "waits for a CPU):", "",
             "| round | load | " + " | ".join(f"{short[s]}: avg / p50 / p99 ms" for s in states)
             + " | on / off (avg) | " + ("floor / off (avg) | on / floor (avg) | " if floor else "")
-            + "API server CPU ms per create, " + " / ".join(short[s] for s in states) + " | creates failed |",
+            + "API server CPU ms per create, " + " / ".join(short[s] for s in states)
+            + " | matchConditions µs per create, " + " / ".join(short[s] for s in states[1:]) + " | creates failed |",
             "| ---: | --- | " + "--- | " * len(states) + "---: | " + ("---: | ---: | " if floor else "")
-            + "---: | ---: |"]
+            + "---: | ---: | ---: |"]
     for i in range(1, rounds + 1):
         for load in loads:
             by = {r.state: r for r in latency if r.round == i and r.load == load}
@@ -242,7 +249,8 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
                 shares.append(f"{by[ON].avg_ms / by[FLOOR].avg_ms if by[FLOOR].avg_ms else 0.0:.2f}")
             failed = sum(r.total - len(r.latencies_ms) for r in by.values())
             cpu = " / ".join(f"{by[s].cpu_ms_per_create:.2f}" for s in states)
-            out.append(f"| {i} | {load} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {failed} |")
+            match = " / ".join(f"{by[s].match_us_per_create:.0f}" for s in states[1:])
+            out.append(f"| {i} | {load} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {match} | {failed} |")
     out.append("")
     for load in loads:
         against = judged_against(latency, load)
