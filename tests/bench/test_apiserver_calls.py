@@ -46,7 +46,7 @@ def test_calls_are_summed_by_webhook_and_type_over_the_other_labels() -> None:
     assert ac.parse_calls(quoted, HOOKS) == {("mutate.gpu-stack.io", "admit"): 4.0}
 
 
-def test_match_condition_time_is_the_histogram_sum_of_our_webhooks() -> None:
+def test_the_api_servers_time_is_its_histogram_sum_for_our_webhooks() -> None:
     metric = ac.MATCH_METRIC
     text = "\n".join([
         f"# HELP {metric} [ALPHA] Admission match condition evaluation time in seconds",
@@ -58,8 +58,9 @@ def test_match_condition_time_is_the_histogram_sum_of_our_webhooks() -> None:
         f'{metric}_sum{{kind="webhook",name="other.example.com",operation="CREATE",type="admit"}} 7',
         f'{metric}_sum{{kind="policy",name="validate.gpu-stack.io",operation="UPDATE",type="validating"}} 0.125',
         "", ])
-    assert ac.parse_match_seconds(text, HOOKS) == pytest.approx(0.875)
-    assert ac.parse_match_seconds(METRICS, HOOKS) == 0.0
+    assert ac.histogram_seconds(text, metric, HOOKS) == pytest.approx(0.875)
+    assert ac.histogram_seconds(METRICS, metric, HOOKS) == 0.0
+    assert ac.histogram_seconds(text, ac.CALL_SECONDS_METRIC, HOOKS) == 0.0
 
 
 RENDERED = {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"}, "webhooks": [
@@ -108,7 +109,8 @@ def test_the_section_shows_both_configurations_side_by_side_per_1000_creates() -
     assert f"| {ac.AFTER} | validate.gpu-stack.io | validating | 100 | 100 | 1 |" in text
     assert "50 of them (10%) asking for a GPU" in text
     assert "mutate.gpu-stack.io: 2, validate.gpu-stack.io: 2" in text
-    assert f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 | 0 |" in text
+    assert (f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 103.0 / 103.0 / 103.0 | 1.03 | 3.00 / 4.00 | 0 | 0 "
+            "| 0 |") in text
     assert (f"Target, {ac.CLOSED}: non-GPU creates with the webhook on within 5% of off (median over the "
             "rounds of avg(on) / avg(off): 1.03x): **met**.") in text
 
@@ -119,6 +121,7 @@ def test_on_is_judged_against_the_floor_where_it_was_measured_and_off_is_shown_b
     for run, cpu in zip(latency, (0.03, 0.05, 0.045, 0.044, 0.05, 0.03), strict=True):
         run.apiserver_cpu_s = cpu
     latency[1].match_seconds, latency[2].match_seconds = 0.0045, 0.0025  # on, floor: 10 creates each
+    latency[1].call_seconds = 0.012
     assert ac.latency_ratios(latency, ac.FLOOR) == pytest.approx([1.15, 1.1])
     assert ac.latency_ratios(latency, against=ac.FLOOR) == pytest.approx([120 / 115, 112 / 110])
     assert ac.latency_verdict(latency) == (True, "")  # 1.03x the floor, though 1.16x off
@@ -127,9 +130,9 @@ def test_on_is_judged_against_the_floor_where_it_was_measured_and_off_is_shown_b
     text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
     assert ("| round | load | off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | floor: avg / p50 / p99 ms "
             "| on / off (avg) | floor / off (avg) | on / floor (avg) | API server CPU ms per create, off / on / floor "
-            "| matchConditions µs per create, on / floor | creates failed |") in text
+            "| matchConditions µs per create, on / floor | webhook calls µs per create, on | creates failed |") in text
     assert (f"| 1 | {ac.CLOSED} | 100.0 / 100.0 / 100.0 | 120.0 / 120.0 / 120.0 | 115.0 / 115.0 / 115.0 | 1.20 | 1.15 "
-            "| 1.04 | 3.00 / 5.00 / 4.50 | 450 / 250 | 0 |") in text
+            "| 1.04 | 3.00 / 5.00 / 4.50 | 450 / 250 | 1200 | 0 |") in text
     assert (f"Target, {ac.CLOSED}: non-GPU creates with the webhook on within 5% of the matchConditions floor "
             "(median over the rounds of avg(on) / avg(floor): 1.03x): **met**.") in text
     assert "Against no webhook at all: on 1.16x, the floor 1.12x (medians)" in text

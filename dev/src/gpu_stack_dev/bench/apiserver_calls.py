@@ -18,9 +18,11 @@ from gpu_stack_dev.bench.apiserver_rounds import Latencies
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"
 CALL_METRIC = "apiserver_admission_webhook_request_total"
-# The API server's own time evaluating a webhook's matchConditions (a histogram: its `_sum` in seconds), the
-# object and request turned into CEL values included (k8s.io/apiserver pkg/admission/metrics, v1.36).
+# The API server's own time (histograms: their `_sum` in seconds; k8s.io/apiserver pkg/admission/metrics,
+# v1.36) evaluating a webhook's matchConditions, the object and request turned into CEL values included, and
+# calling a webhook, from the request sent to the answer applied.
 MATCH_METRIC = "apiserver_admission_match_condition_evaluation_seconds"
+CALL_SECONDS_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 GPU_SHARE = 0.10  # of the mixed creates: 90% of pods ask for no GPU
 # Of the non-GPU creates whose latency is judged: pods with a sandboxed runtimeClassName, which the chart's
 # matchConditions send to the webhook (every pod naming a RuntimeClass is, so GPU008 can judge it). One pod
@@ -66,11 +68,10 @@ def parse_calls(metrics: str, names: Sequence[str]) -> dict[tuple[str, str], flo
     return out
 
 
-def parse_match_seconds(metrics: str, names: Sequence[str]) -> float:
-    """The seconds the API server spent evaluating the matchConditions of the webhooks in `names`, summed
-    over them and its other labels: MATCH_METRIC's `_sum`, from the Prometheus text of its /metrics."""
-    return sum(sample.value for sample in _samples(metrics, MATCH_METRIC + "_sum")
-               if sample.labels.get("name") in names)
+def histogram_seconds(metrics: str, histogram: str, names: Sequence[str]) -> float:
+    """The `_sum` of one of the API server's histograms (MATCH_METRIC, CALL_SECONDS_METRIC) for the webhooks
+    in `names`, summed over them and its other labels, from the Prometheus text of its /metrics."""
+    return sum(sample.value for sample in _samples(metrics, histogram + "_sum") if sample.labels.get("name") in names)
 
 
 def _samples(metrics: str, sample_name: str) -> list[Sample]:
@@ -110,8 +111,10 @@ class LatencyRun(Latencies):
     total: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     apiserver_cpu_s: float = 0.0  # the API server's CPU during the creates (/proc)
-    # The API server's time evaluating our webhooks' matchConditions during the creates (MATCH_METRIC).
+    # The API server's time evaluating our webhooks' matchConditions (MATCH_METRIC) and calling them
+    # (CALL_SECONDS_METRIC) during the creates.
     match_seconds: float = 0.0
+    call_seconds: float = 0.0
     sandboxed_share: float = 0.0  # of the creates, with a sandboxed runtimeClassName (SANDBOXED_SHARE)
 
     @property
@@ -121,6 +124,10 @@ class LatencyRun(Latencies):
     @property
     def match_us_per_create(self) -> float:
         return 1e6 * self.match_seconds / len(self.latencies_ms) if self.latencies_ms else 0.0
+
+    @property
+    def call_us_per_create(self) -> float:
+        return 1e6 * self.call_seconds / len(self.latencies_ms) if self.latencies_ms else 0.0
 
 
 def sandboxed_at(index: int, share: float = SANDBOXED_SHARE) -> str:
@@ -229,14 +236,16 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
             + f". matchConditions µs per create: the API server's own time evaluating both webhooks' "
             f"matchConditions (`{MATCH_METRIC}`, its sum, read before and after each batch), which counts turning "
             "the object and the request into CEL values: the floor's figure is what any matchConditions cost, on "
-            "minus floor what the chart's expressions add (elapsed time, so under the closed loop it also holds "
-            "waits for a CPU):", "",
+            "minus floor what the chart's expressions add. Webhook calls µs per create: its time calling them "
+            f"(`{CALL_SECONDS_METRIC}`), for the sandboxed pods the conditions send. Both are elapsed times, so "
+            "under the closed loop they also hold waits for a CPU:", "",
             "| round | load | " + " | ".join(f"{short[s]}: avg / p50 / p99 ms" for s in states)
             + " | on / off (avg) | " + ("floor / off (avg) | on / floor (avg) | " if floor else "")
             + "API server CPU ms per create, " + " / ".join(short[s] for s in states)
-            + " | matchConditions µs per create, " + " / ".join(short[s] for s in states[1:]) + " | creates failed |",
+            + " | matchConditions µs per create, " + " / ".join(short[s] for s in states[1:])
+            + " | webhook calls µs per create, on | creates failed |",
             "| ---: | --- | " + "--- | " * len(states) + "---: | " + ("---: | ---: | " if floor else "")
-            + "---: | ---: | ---: |"]
+            + "---: | ---: | ---: | ---: |"]
     for i in range(1, rounds + 1):
         for load in loads:
             by = {r.state: r for r in latency if r.round == i and r.load == load}
@@ -250,7 +259,8 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
             failed = sum(r.total - len(r.latencies_ms) for r in by.values())
             cpu = " / ".join(f"{by[s].cpu_ms_per_create:.2f}" for s in states)
             match = " / ".join(f"{by[s].match_us_per_create:.0f}" for s in states[1:])
-            out.append(f"| {i} | {load} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {match} | {failed} |")
+            out.append(f"| {i} | {load} | {' | '.join(cells)} | {' | '.join(shares)} | {cpu} | {match} | "
+                       f"{by[ON].call_us_per_create:.0f} | {failed} |")
     out.append("")
     for load in loads:
         against = judged_against(latency, load)

@@ -43,19 +43,19 @@ Calls = dict[tuple[str, str], float]
 
 async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: int,
                         pods: Callable[[int], dict[str, Any]], rate: float | None = None
-                        ) -> tuple[apiload.LoadResult, Calls, float, float]:
+                        ) -> tuple[apiload.LoadResult, Calls, float, float, float]:
     """Delete the namespace's pods, settle, a warm-up (one create per client, not counted), then `total`
     creates, closed loop with `concurrency` clients or, given a `rate`, paced at `rate` per second over
     `concurrency` connections; the webhook calls the API server counted during them, by (name, type), the
     CPU seconds the API server spent meanwhile, and the seconds it spent evaluating our webhooks'
-    matchConditions."""
+    matchConditions and calling them."""
     token = bench.tokens[namespace]
     async with apiload.session(bench.context, concurrency) as client:
         await delete_pods(client, bench.url, token, namespace)
         settle(bench.quiet_pids)
         await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
         metrics = bench.cluster.kubectl("get", "--raw", "/metrics").stdout
-        before, match = calls_.parse_calls(metrics, HOOKS), calls_.parse_match_seconds(metrics, HOOKS)
+        before, spent = calls_.parse_calls(metrics, HOOKS), _spent(metrics)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]])
         if rate is None:
             result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
@@ -63,8 +63,14 @@ async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: i
             result = await apiload.paced_batch(client, bench.url, token, namespace, total, rate, concurrency, pods)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
         metrics = bench.cluster.kubectl("get", "--raw", "/metrics").stdout
-        after, match = calls_.parse_calls(metrics, HOOKS), calls_.parse_match_seconds(metrics, HOOKS) - match
-    return result, calls_.delta(after, before), cpu, match
+        after, (match, called) = calls_.parse_calls(metrics, HOOKS), _spent(metrics)
+    return result, calls_.delta(after, before), cpu, match - spent[0], called - spent[1]
+
+
+def _spent(metrics: str) -> tuple[float, float]:
+    """The API server's seconds so far evaluating our webhooks' matchConditions, and calling them."""
+    return (calls_.histogram_seconds(metrics, calls_.MATCH_METRIC, HOOKS),
+            calls_.histogram_seconds(metrics, calls_.CALL_SECONDS_METRIC, HOOKS))
 
 def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
                   rounds: int, concurrency: int, rates: Sequence[float] = ()
@@ -79,7 +85,7 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
     for i in range(1, rounds + 1):
         for config in ((calls_.BEFORE, calls_.AFTER) if i % 2 else (calls_.AFTER, calls_.BEFORE)):
             set_conditions(bench.cluster, release, rendered, keep=config == calls_.AFTER)
-            result, counted, _, _ = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
+            result, counted, _, _, _ = asyncio.run(counted_batch(bench, namespace, creates, concurrency, mixed_pod))
             run = calls_.CallsRun(round=i, config=config, creates=creates, created=result.created,
                                   gpu_pods=sum(calls_.gpu_at(n) for n in range(creates)), calls=counted,
                                   failures=dict(result.failures))
@@ -99,11 +105,12 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
             set_webhook(bench.cluster, release, rendered, namespace, state)
             half = latency_creates // 2
             for load, rate in loads:
-                result, _, cpu, match = asyncio.run(counted_batch(bench, namespace, half, concurrency, plain_pod,
-                                                                  rate))
+                result, _, cpu, match, called = asyncio.run(counted_batch(bench, namespace, half, concurrency,
+                                                                          plain_pod, rate))
                 part = parts[state, load]
                 part.apiserver_cpu_s += cpu
                 part.match_seconds += match
+                part.call_seconds += called
                 part.latencies_ms += [1000 * t for t in result.latencies]
                 part.total += half
                 for what, n in result.failures.items():
