@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 from gpu_stack_dev.bench import apiserver_calls as ac
+from gpu_stack_dev.bench.apiserver_metrics import MATCH_METRIC, WEBHOOK_METRIC, samples, total
 from gpu_stack_dev.e2e.apiload import arrivals
 
 
@@ -35,19 +36,19 @@ def test_one_pod_in_ten_asks_for_a_gpu_in_any_thousand_consecutive_creates() -> 
 
 
 def test_calls_are_summed_by_webhook_and_type_over_the_other_labels() -> None:
-    calls = ac.parse_calls(METRICS, HOOKS)
+    calls = ac.parse_calls(samples(METRICS), HOOKS)
     assert calls == {("mutate.gpu-stack.io", "admit"): 123.0, ("validate.gpu-stack.io", "validating"): 117.0}
     later = {**calls, ("mutate.gpu-stack.io", "admit"): 223.0}
     assert ac.delta(later, calls) == {("mutate.gpu-stack.io", "admit"): 100.0,
                                       ("validate.gpu-stack.io", "validating"): 0.0}
-    assert ac.parse_calls('x{a="1"} 2\n', HOOKS) == {}
+    assert ac.parse_calls(samples('x{a="1"} 2\n'), HOOKS) == {}
     # A comma inside a quoted label value does not split the labels.
     quoted = 'apiserver_admission_webhook_request_total{name="mutate.gpu-stack.io",code="a,b",type="admit"} 4\n'
-    assert ac.parse_calls(quoted, HOOKS) == {("mutate.gpu-stack.io", "admit"): 4.0}
+    assert ac.parse_calls(samples(quoted), HOOKS) == {("mutate.gpu-stack.io", "admit"): 4.0}
 
 
 def test_the_api_servers_time_is_its_histogram_sum_for_our_webhooks() -> None:
-    metric = ac.MATCH_METRIC
+    metric = MATCH_METRIC
     text = "\n".join([
         f"# HELP {metric} [ALPHA] Admission match condition evaluation time in seconds",
         f"# TYPE {metric} histogram",
@@ -58,9 +59,10 @@ def test_the_api_servers_time_is_its_histogram_sum_for_our_webhooks() -> None:
         f'{metric}_sum{{kind="webhook",name="other.example.com",operation="CREATE",type="admit"}} 7',
         f'{metric}_sum{{kind="policy",name="validate.gpu-stack.io",operation="UPDATE",type="validating"}} 0.125',
         "", ])
-    assert ac.histogram_seconds(text, metric, HOOKS) == pytest.approx(0.875)
-    assert ac.histogram_seconds(METRICS, metric, HOOKS) == 0.0
-    assert ac.histogram_seconds(text, ac.CALL_SECONDS_METRIC, HOOKS) == 0.0
+    assert total(samples(text), f"{metric}_sum", HOOKS) == pytest.approx(0.875)
+    assert total(samples(METRICS), f"{metric}_sum", HOOKS) == 0.0
+    assert total(samples(text), f"{WEBHOOK_METRIC}_sum", HOOKS) == 0.0
+    assert total(samples(text), f"{metric}_count") == 9  # every webhook's, without `webhooks`
 
 
 RENDERED = {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"}, "webhooks": [

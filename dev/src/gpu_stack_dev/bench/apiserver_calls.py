@@ -10,19 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from gpu_stack_dev.bench.apiserver_metrics import MATCH_METRIC, WEBHOOK_METRIC
 from gpu_stack_dev.bench.apiserver_rounds import Latencies
 
 BEGIN = "<!-- apiserver-calls:begin (bench/apiserver_load.py) -->"
 END = "<!-- apiserver-calls:end -->"
 CALL_METRIC = "apiserver_admission_webhook_request_total"
-# The API server's own time (histograms: their `_sum` in seconds; k8s.io/apiserver pkg/admission/metrics,
-# v1.36) evaluating a webhook's matchConditions, the object and request turned into CEL values included, and
-# calling a webhook, from the request sent to the answer applied.
-MATCH_METRIC = "apiserver_admission_match_condition_evaluation_seconds"
-CALL_SECONDS_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 GPU_SHARE = 0.10  # of the mixed creates: 90% of pods ask for no GPU
 # Of the non-GPU creates whose latency is judged: pods with a sandboxed runtimeClassName, which the chart's
 # matchConditions send to the webhook (every pod naming a RuntimeClass is, so GPU008 can judge it). One pod
@@ -57,26 +52,15 @@ def gpu_at(index: int, share: float = GPU_SHARE) -> bool:
     return int((index + 1) * share) > int(index * share)
 
 
-def parse_calls(metrics: str, names: Sequence[str]) -> dict[tuple[str, str], float]:
+def parse_calls(page: Sequence[Sample], names: Sequence[str]) -> dict[tuple[str, str], float]:
     """CALL_METRIC summed by (webhook name, type) over its other labels (code, operation, rejected), for
-    the webhooks in `names`, from the Prometheus text of the API server's /metrics."""
+    the webhooks in `names`, from the samples of the API server's /metrics (apiserver_metrics.samples)."""
     out: dict[tuple[str, str], float] = {}
-    for sample in _samples(metrics, CALL_METRIC):
-        if sample.labels.get("name") in names:
+    for sample in page:
+        if sample.name == CALL_METRIC and sample.labels.get("name") in names:
             key = (sample.labels["name"], sample.labels.get("type", "?"))
             out[key] = out.get(key, 0.0) + sample.value
     return out
-
-
-def histogram_seconds(metrics: str, histogram: str, names: Sequence[str]) -> float:
-    """The `_sum` of one of the API server's histograms (MATCH_METRIC, CALL_SECONDS_METRIC) for the webhooks
-    in `names`, summed over them and its other labels, from the Prometheus text of its /metrics."""
-    return sum(sample.value for sample in _samples(metrics, histogram + "_sum") if sample.labels.get("name") in names)
-
-
-def _samples(metrics: str, sample_name: str) -> list[Sample]:
-    return [sample for family in text_string_to_metric_families(metrics) for sample in family.samples
-            if sample.name == sample_name]
 
 
 def delta(after: Mapping[tuple[str, str], float],
@@ -112,7 +96,7 @@ class LatencyRun(Latencies):
     failures: dict[str, int] = field(default_factory=dict)
     apiserver_cpu_s: float = 0.0  # the API server's CPU during the creates (/proc)
     # The API server's time evaluating our webhooks' matchConditions (MATCH_METRIC) and calling them
-    # (CALL_SECONDS_METRIC) during the creates.
+    # (WEBHOOK_METRIC) during the creates.
     match_seconds: float = 0.0
     call_seconds: float = 0.0
     sandboxed_share: float = 0.0  # of the creates, with a sandboxed runtimeClassName (SANDBOXED_SHARE)
@@ -237,7 +221,7 @@ def render(calls: Sequence[CallsRun], latency: Sequence[LatencyRun], *, stamp: s
             f"matchConditions (`{MATCH_METRIC}`, its sum, read before and after each batch), which counts turning "
             "the object and the request into CEL values: the floor's figure is what any matchConditions cost, on "
             "minus floor what the chart's expressions add. Webhook calls µs per create: its time calling them "
-            f"(`{CALL_SECONDS_METRIC}`), for the sandboxed pods the conditions send. Both are elapsed times, so "
+            f"(`{WEBHOOK_METRIC}`), for the sandboxed pods the conditions send. Both are elapsed times, so "
             "under the closed loop they also hold waits for a CPU:", "",
             "| round | load | " + " | ".join(f"{short[s]}: avg / p50 / p99 ms" for s in states)
             + " | on / off (avg) | " + ("floor / off (avg) | on / floor (avg) | " if floor else "")

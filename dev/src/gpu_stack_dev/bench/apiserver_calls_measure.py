@@ -9,7 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.samples import Sample
+
 from gpu_stack_dev.bench import apiserver_calls as calls_
+from gpu_stack_dev.bench.apiserver_metrics import MATCH_METRIC, WEBHOOK_METRIC, samples, total
 from gpu_stack_dev.bench.apiserver_plane import Bench, cpu_seconds, delete_pods, settle
 from gpu_stack_dev.bench.apiserver_webhooks import (
     CONFIG_SETTLE,
@@ -54,23 +57,22 @@ async def counted_batch(bench: Bench, namespace: str, total: int, concurrency: i
         await delete_pods(client, bench.url, token, namespace)
         settle(bench.quiet_pids)
         await apiload.create_batch(client, bench.url, token, namespace, concurrency, concurrency, pods)
-        metrics = bench.cluster.kubectl("get", "--raw", "/metrics").stdout
-        before, spent = calls_.parse_calls(metrics, HOOKS), _spent(metrics)
+        page = samples(bench.cluster.kubectl("get", "--raw", "/metrics").stdout)
+        before, spent = calls_.parse_calls(page, HOOKS), _spent(page)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]])
         if rate is None:
             result = await apiload.create_batch(client, bench.url, token, namespace, total, concurrency, pods)
         else:
             result = await apiload.paced_batch(client, bench.url, token, namespace, total, rate, concurrency, pods)
         cpu = cpu_seconds([bench.pids["kube-apiserver"]]) - cpu
-        metrics = bench.cluster.kubectl("get", "--raw", "/metrics").stdout
-        after, (match, called) = calls_.parse_calls(metrics, HOOKS), _spent(metrics)
+        page = samples(bench.cluster.kubectl("get", "--raw", "/metrics").stdout)
+        after, (match, called) = calls_.parse_calls(page, HOOKS), _spent(page)
     return result, calls_.delta(after, before), cpu, match - spent[0], called - spent[1]
 
 
-def _spent(metrics: str) -> tuple[float, float]:
+def _spent(page: list[Sample]) -> tuple[float, float]:
     """The API server's seconds so far evaluating our webhooks' matchConditions, and calling them."""
-    return (calls_.histogram_seconds(metrics, calls_.MATCH_METRIC, HOOKS),
-            calls_.histogram_seconds(metrics, calls_.CALL_SECONDS_METRIC, HOOKS))
+    return total(page, f"{MATCH_METRIC}_sum", HOOKS), total(page, f"{WEBHOOK_METRIC}_sum", HOOKS)
 
 def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates: int, latency_creates: int,
                   rounds: int, concurrency: int, rates: Sequence[float] = ()

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gpu_stack_dev.bench.apiserver_metrics import WEBHOOK_METRIC, samples, total
 from gpu_stack_dev.bench.apiserver_webhooks import HOOKS
 from gpu_stack_dev.e2e import apiload, e2elib
 
@@ -20,8 +21,6 @@ QUIET_WINDOW = 0.5
 SETTLE_LIMIT = 20.0
 
 TICKS = os.sysconf("SC_CLK_TCK")
-
-WEBHOOK_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 
 # --- /proc and /metrics ----------------------------------------------------------------------------
 def cpu_seconds(pids: list[int]) -> float:
@@ -76,23 +75,20 @@ def etcd_url(apiserver_pid: int) -> str:
             return arg.split("=", 1)[1].split(",")[0]
     return ""
 
-def metric_sum(text: str, prefix: str, label: str = "") -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(prefix) and label in line)
-
 class Snapshot:
     """What the API server and etcd counted so far (before and after a batch)."""
 
     def __init__(self, cluster: e2elib.E2ECluster, etcd: str) -> None:
-        text = cluster.kubectl("get", "--raw", "/metrics").stdout
-        self.calls = {h: metric_sum(text, f"{WEBHOOK_METRIC}_count{{", f'name="{h}"') for h in HOOKS}
-        self.seconds = {h: metric_sum(text, f"{WEBHOOK_METRIC}_sum{{", f'name="{h}"') for h in HOOKS}
-        self.gc = metric_sum(text, "go_gc_duration_seconds_count")
+        page = samples(cluster.kubectl("get", "--raw", "/metrics").stdout)
+        self.calls = {h: total(page, f"{WEBHOOK_METRIC}_count", {h}) for h in HOOKS}
+        self.seconds = {h: total(page, f"{WEBHOOK_METRIC}_sum", {h}) for h in HOOKS}
+        self.gc = total(page, "go_gc_duration_seconds_count")
         etcd_text = ""
         if etcd:
             with urllib.request.urlopen(f"{etcd}/metrics", timeout=10) as reply:  # noqa: S310 (loopback)
                 etcd_text = reply.read().decode()
-        self.compactions = metric_sum(etcd_text, "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count")
+        self.compactions = total(samples(etcd_text),
+                                 "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count")
 
 def settle(pids: list[int]) -> float:
     """Wait until the processes use less than QUIET_CORES over a window; seconds waited."""
