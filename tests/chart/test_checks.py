@@ -162,6 +162,9 @@ FAIL_CASES: list[Any] = [
                  "gpu-stack: webhook.policySource.mode is device-plugin, but "
                  "webhook.policySource.devicePlugin.namespace and .configMap do not both name",
                  id="policy-only-device-plugin-unnamed"),
+    pytest.param({"webhook.policy.nonGpuRuntimeClassNames": ["gvisor", "nvidia"]}, "gpu-stack",
+                 "gpu-stack: webhook.policy.nonGpuRuntimeClassNames names nvidia, which this release makes a GPU "
+                 "runtime class", id="non-gpu-runtime-class-is-gpu"),
     pytest.param({"monitoring.idleGpu.window": "4m"}, "gpu-stack",
                  'gpu-stack: monitoring.idleGpu.window "4m" is under 5m, so a GPU would count as idle after a handful',
                  id="idle-gpu-window-under-5m"),
@@ -184,6 +187,7 @@ def test_valid_neighbours_of_fail_cases_render() -> None:
         {"webhook.tls.mode": "secret", "webhook.tls.caBundle": ca},
         {"webhook.tls.mode": "cert-manager"},
         {"webhook.helmTests.namespace": "ml"},
+        {"webhook.policy.nonGpuRuntimeClassNames": ["gvisor", "kata"]},
         {"webhook.enabled": False, "webhook.tls.mode": "secret"},
         {"toolkit.enabled": False, "gpuNodes.runtimeClassExists": True},
         {"toolkit.enabled": False, "gpuNodes.runtimeClassName": ""},
@@ -218,10 +222,12 @@ def test_fail_messages_start_with_gpu_stack() -> None:
 def test_every_fail_check_has_a_triggering_case() -> None:
     # The cluster-prerequisite checks fire only when Helm talks to a cluster: make e2e triggers them.
     from tests.chart.test_kubernetes_versions import MESSAGES as VERSION_CASES  # noqa: PLC0415
+    from tests.e2e.test_non_gpu_runtime_classes import EXISTING_NVIDIA_GVISOR  # noqa: PLC0415
     from tests.e2e.test_prerequisites import CASES as CLUSTER_CASES  # noqa: PLC0415
     from tests.e2e.test_prerequisites import NO_WEBHOOK_IMAGE  # noqa: PLC0415
 
-    expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES] + [NO_WEBHOOK_IMAGE]
+    expected = [p.values[2] for p in FAIL_CASES] + [p.values[2] for p in CLUSTER_CASES]
+    expected += [NO_WEBHOOK_IMAGE, EXISTING_NVIDIA_GVISOR]
     expected += list(VERSION_CASES)
     uncovered = []
     for path, message in _fail_messages():

@@ -74,3 +74,37 @@ def test_no_config_placeholder_is_left_unfilled() -> None:
         for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             (condition,) = _conditions(render(4, overlay).objects(), kind)
             assert "${" not in condition["expression"], (overlay, kind)
+
+
+def test_declared_non_gpu_runtime_classes_are_left_out_and_kept_non_nvidia_by_a_policy() -> None:
+    objects = render(4, "default", {"webhook.policy.nonGpuRuntimeClassNames": ["kata", "gvisor"]}).objects()
+    (condition,) = _conditions(objects, "ValidatingWebhookConfiguration")
+
+    def called(runtime_class: str, **container: Any) -> bool:
+        pod = {"kind": "Pod", "metadata": {}, "spec": {
+            "runtimeClassName": runtime_class, "containers": [{"name": "c", "image": "x", **container}]}}
+        return bool(runtime.evaluate(condition["expression"], pod, {}))
+
+    assert not called("gvisor") and not called("kata")
+    assert called("sandboxed") and called("nvidia")
+    assert called("gvisor", resources={"limits": {"nvidia.com/gpu": "1"}})
+
+    policy = one(objects, "ValidatingAdmissionPolicy", f"{FULLNAME}-non-gpu-runtime-classes")["spec"]
+    assert policy["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["node.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["runtimeclasses"]}]
+    assert policy["failurePolicy"] == "Fail"
+    (match,) = policy["matchConditions"]
+    (validation,) = policy["validations"]
+    handlers = ["nvidia", "nvidia-cdi", "nvidia-legacy", "nvidia-experimental"]
+
+    def refused(name: str, handler: str) -> bool:
+        obj = {"metadata": {"name": name}, "handler": handler}
+        return bool(runtime.evaluate(match["expression"], obj, {})) and not runtime.evaluate(
+            validation["expression"], obj, {})
+
+    assert [h for h in handlers if refused("gvisor", h)] == handlers
+    assert not refused("gvisor", "runsc") and not refused("kata", "kata") and not refused("gpu-fast", "nvidia")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-non-gpu-runtime-classes")["spec"]
+    assert binding == {"policyName": f"{FULLNAME}-non-gpu-runtime-classes", "validationActions": ["Deny"]}
+    assert not [o for o in render(4, "default").objects() if "non-gpu-runtime" in o["metadata"]["name"]]

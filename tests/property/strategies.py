@@ -79,7 +79,7 @@ SELECTOR_LABELS = {
     "kubernetes.io/os": ("linux",),
 }
 TOLERATION_KEYS = (None, "gpu-stack.io/mps", "nvidia.com/gpu", "other")
-RUNTIME_CLASSES = (None, "nvidia", "runc", "nvidia-cdi")
+RUNTIME_CLASSES = (None, "nvidia", "runc", "nvidia-cdi", "gvisor")
 
 dns_label = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=8).map(lambda s: "c" + s)
 

@@ -71,6 +71,12 @@ def _config_documents() -> dict[str, dict[str, Any]]:
                                         "rules": {"disabled": ["GPU006"]}}
     documents["default:GPU002,GPU007-disabled"] = {"rules": {"disabled": ["GPU002", "GPU007"]}}
     documents["dra:GPU009-disabled"] = {**CONFIGS["dra"], "rules": {"disabled": ["GPU009"]}}
+    # Declared non-GPU runtime classes, the live read not knowing one (gvisor) or failing: either would make a
+    # pod naming it a GPU pod (GPU010) if the declaration were not trusted, and the conditions do not send it.
+    declared = {"nonGpuRuntimeClassNames": ["gvisor", "runc"], "nvidiaRuntimeIsDefault": False}
+    documents["declared-non-gpu:live"] = {**declared, "runtimeClasses": {
+        "handlers": {"nvidia": "nvidia", "nvidia-cdi": "nvidia-cdi", "runc": "runc"}}}
+    documents["declared-non-gpu:read-failed"] = {**declared, "runtimeClasses": {"error": "forbidden"}}
     return documents
 
 

@@ -21,7 +21,7 @@ from gpu_stack_webhook.admission.requests import admission_review
 from gpu_stack_webhook.admission.review import parse_review
 from gpu_stack_webhook.kube.client import Forbidden
 from gpu_stack_webhook.kube.live import LastGood, OperatorReader, RuntimeClassReader
-from gpu_stack_webhook.policy.config import PolicyConfig
+from gpu_stack_webhook.policy.config import ConfigError, PolicyConfig, parse_config
 from gpu_stack_webhook.policy.engine import Policy
 from gpu_stack_webhook.server.live_policy import LivePolicy
 
@@ -188,3 +188,41 @@ def test_a_runtime_class_without_a_handler_is_logged_and_only_its_pods_denied(
     assert denied_by(config, broken) == {"GPU010"}
     assert "RuntimeClass broken has no handler" in judge(config, broken).message
     assert judge(config, SANDBOXED).allowed and judge(config, PLAIN).allowed
+
+
+def test_a_runtime_class_declared_non_gpu_is_not_a_gpu_runtime_class_even_when_the_read_fails() -> None:
+    fake = FakeKube()
+    fake.runtime_classes = {"gpu-fast": "nvidia", "sandboxed": "runsc"}
+    clock = Clock()
+    read = RuntimeClassReader(fake, kept=LastGood("runtime-classes", KEEP, clock=clock, wall=clock))
+    declared = PolicyConfig(nvidiaRuntimeIsDefault=False, nonGpuRuntimeClassNames=["sandboxed", "kata"])
+    config = read(declared)
+    kata = make_pod([container("main", env=[VISIBLE])], runtimeClassName="kata")  # not (yet) read: no lookup
+    assert judge(config, SANDBOXED).allowed and judge(config, kata).allowed
+    fake.unreachable = True
+    clock.now += KEEP + 1
+    config = read(declared)
+    assert judge(config, SANDBOXED).allowed and judge(config, kata).allowed
+    assert denied_by(config, GPU_CLASS) == {"GPU010"}  # the others still fail closed
+
+
+def test_a_runtime_class_declared_non_gpu_with_an_nvidia_handler_is_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeKube()
+    fake.runtime_classes = {"gvisor": "nvidia", "kata": "kata"}
+    read = RuntimeClassReader(fake)
+    declared = PolicyConfig(nvidiaRuntimeIsDefault=False, nonGpuRuntimeClassNames=["gvisor", "kata"])
+    with caplog.at_level(logging.ERROR, logger="gpu_stack_webhook.kube.live"):
+        read(declared)
+        read(declared)
+    logged = [r for r in caplog.records if getattr(r, "event", "") == "runtime-class-declared-non-gpu-is-nvidia"]
+    assert len(logged) == 1 and getattr(logged[0], "runtimeClasses", None) == ["gvisor"]
+
+
+@pytest.mark.parametrize("document", [
+    {"gpuRuntimeClassNames": ["nvidia", "gpu-fast"], "nonGpuRuntimeClassNames": ["gpu-fast"]},
+    {"injectRuntimeClassName": "nvidia", "nonGpuRuntimeClassNames": ["nvidia"]},
+])
+def test_a_runtime_class_cannot_be_declared_both_gpu_and_non_gpu(document: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="cannot be in nonGpuRuntimeClassNames"):
+        parse_config(document)

@@ -97,6 +97,7 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
       "gpuNames" ($gpuNames | uniq | sortAlpha)
       "gpuPrefixes" ($policy.gpuResources.prefixes | uniq | sortAlpha)
       "gpuRuntimeClassNames" ($policy.gpuRuntimeClassNames | sortAlpha)
+      "nonGpuRuntimeClassNames" ($policy.nonGpuRuntimeClassNames | uniq | sortAlpha)
       "configLabel" $sharing.nodeConfigLabel
       "configNames" (keys $sharing.configs | sortAlpha)
       "defaultConfig" $sharing.defaultConfig

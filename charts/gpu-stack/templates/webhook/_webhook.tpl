@@ -57,6 +57,7 @@ the nodes expose.
       "exemptNamespaces" (include "gpu-stack.webhook.exemptNamespaces" . | fromYamlArray)
       "gpuResources" (dict "prefixes" $p.gpuResources.prefixes "names" $p.gpuResources.names)
       "gpuRuntimeClassNames" $p.gpuRuntimeClassNames
+      "nonGpuRuntimeClassNames" $p.nonGpuRuntimeClassNames
       "nvidiaRuntimeHandlers" (include "gpu-stack.webhook.nvidiaRuntimeHandlers" . | fromYamlArray)
       "injectRuntimeClassName" (include "gpu-stack.gpuPodRuntimeClass" .)
       "nvidiaRuntimeIsDefault" (has (include "gpu-stack.runtimeLayout" .) (list "default-runtime" "preinstalled"))

@@ -31,6 +31,7 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
         "gpuNames": sorted(index.gpu_names),
         "gpuPrefixes": sorted(index.gpu_prefixes),
         "gpuRuntimeClassNames": sorted(config.gpu_runtime_class_names),
+        "nonGpuRuntimeClassNames": sorted(set(config.non_gpu_runtime_class_names)),
         "configLabel": index.label,
         "configNames": sorted(index.configs),
         "defaultConfig": index.default,

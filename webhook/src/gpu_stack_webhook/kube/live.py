@@ -175,12 +175,15 @@ class RuntimeClassReader:
     """The cluster's RuntimeClasses with their handlers (policy/runtime_classes.py), read after `inner` (the
     policy source's reader, if any). A failed list past the kept one (LastGood) is kept as the error: pods
     naming a runtime class that may be the NVIDIA runtime are then denied (GPU010), others judged as before.
-    A RuntimeClass without a handler (the API server requires one) is logged, and its pods denied (GPU010)."""
+    A RuntimeClass without a handler (the API server requires one) is logged, and its pods denied (GPU010).
+    So is one the admin declares non-GPU (`nonGpuRuntimeClassNames`) whose handler is the NVIDIA runtime: the
+    API server does not send its pods, so the log is all the webhook can do."""
 
     def __init__(self, api: KubeApi, inner: Reader | None = None, kept: LastGood | None = None) -> None:
         self.api, self.inner = api, inner
         self.kept = kept if kept is not None else LastGood("runtime-classes")
         self._without_handler: tuple[str, ...] = ()
+        self._declared_nvidia: tuple[str, ...] = ()
 
     def last_reads(self) -> dict[str, float]:
         inner = getattr(self.inner, "last_reads", None)
@@ -207,6 +210,15 @@ class RuntimeClassReader:
             if without:
                 log.error("RuntimeClasses without a handler: their pods are denied (GPU010)",
                           extra={"event": "runtime-class-without-handler", "runtimeClasses": list(without)})
+        declared_nvidia = tuple(sorted(name for name in config.non_gpu_runtime_class_names
+                                       if known.handlers.get(name) in config.nvidia_runtime_handlers))
+        if declared_nvidia != self._declared_nvidia:
+            self._declared_nvidia = declared_nvidia
+            if declared_nvidia:
+                log.error("RuntimeClasses declared non-GPU (nonGpuRuntimeClassNames) have an NVIDIA runtime handler: "
+                          "the API server does not send their pods to the webhook; delete them or remove them from "
+                          "nonGpuRuntimeClassNames", extra={"event": "runtime-class-declared-non-gpu-is-nvidia",
+                                                            "runtimeClasses": list(declared_nvidia)})
         return config.model_copy(update={"runtime_classes": known})
 
 

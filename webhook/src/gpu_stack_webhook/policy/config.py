@@ -232,6 +232,11 @@ class GpuOperatorIdentity(_Strict):
 class PolicyConfig(_Strict):
     gpu_resources: GpuResources = Field(GpuResources(), alias="gpuResources")
     gpu_runtime_class_names: tuple[str, ...] = Field(("nvidia",), alias="gpuRuntimeClassNames")
+    # RuntimeClasses the admin declares are not the NVIDIA runtime (gVisor, Kata): a pod naming one is not a GPU
+    # pod for its runtime class, whatever the cluster's read says, so the matchConditions need not send it
+    # (policy/runtime_classes.py). The chart keeps the declaration true: its ValidatingAdmissionPolicy refuses a
+    # RuntimeClass of one of these names with an NVIDIA handler, and the API server keeps a handler immutable.
+    non_gpu_runtime_class_names: tuple[str, ...] = Field((), alias="nonGpuRuntimeClassNames")
     exempt_namespaces: tuple[str, ...] = Field(("gpu-stack", "kube-system"), alias="exemptNamespaces")
     sharing: SharingConfigs = SharingConfigs()
     mps: MpsPolicy = MpsPolicy()
@@ -265,6 +270,16 @@ class PolicyConfig(_Strict):
     nri_plugin_enabled: bool | None = Field(None, alias="nriPluginEnabled")
     # With `serve --policy-source gpu-operator`: the operator, whose own pods are admitted as its own.
     gpu_operator: GpuOperatorIdentity | None = Field(None, alias="gpuOperator")
+
+    @model_validator(mode="after")
+    def _runtime_classes_declared_once(self) -> PolicyConfig:
+        both = sorted(set(self.gpu_runtime_class_names) & set(self.non_gpu_runtime_class_names))
+        if self.inject_runtime_class_name in self.non_gpu_runtime_class_names:
+            both = sorted({*both, self.inject_runtime_class_name})
+        if both:
+            raise ValueError(f"RuntimeClass {', '.join(both)} cannot be in nonGpuRuntimeClassNames: "
+                             "it is a GPU runtime class (gpuRuntimeClassNames or injectRuntimeClassName)")
+        return self
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

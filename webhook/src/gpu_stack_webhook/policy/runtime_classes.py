@@ -2,7 +2,12 @@
 not its name: an admin's `gpu-fast` with handler `nvidia` is the NVIDIA runtime under another name, and the
 GPU Operator (v26.7.0 assets/pre-requisites/0200, 0210, 0220) creates `nvidia`, `nvidia-cdi` and
 `nvidia-legacy`. A RuntimeClass is a GPU runtime class when its name is in `gpuRuntimeClassNames` or its
-handler in `nvidiaRuntimeHandlers`.
+handler in `nvidiaRuntimeHandlers`. A name in `nonGpuRuntimeClassNames` is not, whatever the cluster's read
+says: the admin declares it (gVisor, Kata), the chart's ValidatingAdmissionPolicy refuses a RuntimeClass of that
+name with an NVIDIA handler, and the API server keeps a RuntimeClass's handler immutable
+(kubernetes v1.36 pkg/apis/node/validation/validation.go, ValidateRuntimeClassUpdate), so the webhook
+configurations' matchConditions leave such pods out. A declared name found with an NVIDIA handler (created
+before the policy) is logged by kube/live.py.
 
 The handlers come from the cluster (config `runtimeClasses`, read by kube/live.py every few seconds). A name
 the last read did not hold (a RuntimeClass created since) is asked of the API (`ctx.facts`) when lookups are
@@ -32,6 +37,8 @@ def runtime_of(name: object, ctx: Context) -> tuple[Runtime, str]:
     config = ctx.config
     if name in config.gpu_runtime_class_names:
         return Runtime.NVIDIA, name
+    if name in config.non_gpu_runtime_class_names:
+        return Runtime.OTHER, ""
     known = config.runtime_classes
     if known is None:
         return Runtime.OTHER, ""

@@ -50,8 +50,9 @@ class Signal(enum.Enum):
     (cel/match_conditions.py)."""
 
     # A container names a GPU resource in requests or limits (any count), or the pod's runtimeClassName is a
-    # GPU runtime class (is_gpu_pod; its CEL calls the webhook for every runtimeClassName, since which runtime
-    # a RuntimeClass selects is its handler, read from the cluster: policy/runtime_classes.py); or the pod may
+    # GPU runtime class (is_gpu_pod; its CEL calls the webhook for every runtimeClassName but those declared
+    # non-GPU (nonGpuRuntimeClassNames), since which runtime a RuntimeClass selects is its handler, read from
+    # the cluster: policy/runtime_classes.py); or the pod may
     # hold GPUs by Dynamic Resource Allocation: it names claims (spec.resourceClaims) or a container names a
     # deviceclass.resource.kubernetes.io/ resource (names_dra: whether a claim holds a GPU needs a lookup, so
     # any claim is in scope).
@@ -74,8 +75,8 @@ class Signal(enum.Enum):
 # --- What every CEL expression reads --------------------------------------------------------------------------
 
 # The config the expressions read (cel/library.config_values keys).
-CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "configLabel", "mpsAnnotation", "mpsNodeSelector",
-          "nvidiaRuntimeIsDefault", "disabledRules")
+CONFIG = ("gpuNames", "gpuPrefixes", "gpuRuntimeClassNames", "nonGpuRuntimeClassNames", "configLabel",
+          "mpsAnnotation", "mpsNodeSelector", "nvidiaRuntimeIsDefault", "disabledRules")
 
 # The pod spec and pod metadata of a Pod or a workload's template (cel_twin.POD_VARIABLES, with every
 # step optional: a matchCondition that fails to evaluate is a refusal under failurePolicy Fail).
@@ -118,9 +119,11 @@ _NAMES_GPU = (
     f"size({_REQUESTS}) + size({_LIMITS}) > {MAX_RESOURCES} || "
     f"{_REQUESTS}.exists(r, {_IS_GPU}) || {_LIMITS}.exists(r, {_IS_GPU})"
 )
-# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
+# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra). A runtime
+# class the admin declares non-GPU is not read from the cluster (policy/runtime_classes.py), so it sends nothing.
 _GPU_POD = (
-    "spec.?runtimeClassName.orValue('') != '' || size(spec.?resourceClaims.orValue([])) > 0 || "
+    "spec.?runtimeClassName.orValue('') != '' && !(spec.runtimeClassName in ${nonGpuRuntimeClassNames}) || "
+    "size(spec.?resourceClaims.orValue([])) > 0 || "
     f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
     + " || ".join(f"{lst}.exists(c, {_NAMES_GPU})" for lst in _CONTAINER_LISTS)
 )
