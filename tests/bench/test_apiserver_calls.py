@@ -183,3 +183,24 @@ def test_the_floor_patch_gives_every_webhook_one_false_condition() -> None:
     assert ac.floor_conditions(obj) == [
         {"op": "add", "path": f"/webhooks/{i}/matchConditions",
          "value": [{"name": "bench-floor", "expression": "false"}]} for i in (0, 1)]
+
+
+def test_the_declared_sandboxes_are_a_state_of_their_own_judged_against_the_floor_too() -> None:
+    latency = [_latency(1, ac.OFF, 100), _latency(1, ac.ON, 120), _latency(1, ac.DECLARED, 104),
+               _latency(1, ac.FLOOR, 100)]
+    latency[1].call_seconds, latency[2].call_seconds = 0.012, 0.0  # 10 creates each
+    latency[1].sandboxed_share = ac.SANDBOXED_SHARE
+    assert ac.latency_verdict(latency) == (False, "median 1.20x > 1.05x")
+    assert ac.latency_verdict(latency, state=ac.DECLARED) == (True, "")
+    text = ac.render([], latency, stamp="", command="make bench", conditions={}, concurrency=20)
+    assert ("| off: avg / p50 / p99 ms | on: avg / p50 / p99 ms | declared: avg / p50 / p99 ms "
+            "| floor: avg / p50 / p99 ms | on / off (avg) | declared / off (avg) | floor / off (avg) "
+            "| on / floor (avg) | declared / floor (avg) | API server CPU ms per create, off / on / declared / floor "
+            "| matchConditions µs per create, on / declared / floor | webhook calls µs per create, on / declared "
+            "| creates failed |") in text
+    assert "| 1.20 | 1.04 | 1.00 | 1.20 | 1.04 | 0.00 / 0.00 / 0.00 / 0.00 | 0 / 0 / 0 | 1200 / 0 | 0 |" in text
+    assert (f"Target, {ac.CLOSED}, sandboxes declared: non-GPU creates with the webhook on and the sandboxes "
+            "declared within 5% of the matchConditions floor (median over the rounds of avg(declared) / avg(floor): "
+            "1.04x): **met**.") in text
+    assert ("which the chart's matchConditions send to the webhook unless `webhook.policy.nonGpuRuntimeClassNames` "
+            "names them (`declared`), the rest without one") in text

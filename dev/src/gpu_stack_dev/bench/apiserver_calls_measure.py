@@ -17,6 +17,7 @@ from gpu_stack_dev.bench.apiserver_plane import Bench, cpu_seconds, delete_pods,
 from gpu_stack_dev.bench.apiserver_webhooks import (
     CONFIG_SETTLE,
     HOOKS,
+    declared_configurations,
     set_conditions,
     set_webhook,
     webhook_configurations,
@@ -80,6 +81,7 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
     """Webhook calls per 1,000 mixed creates and non-GPU create latency, with the configurations already pointed
     at our webhook."""
     rendered = webhook_configurations(bench.cluster, release)  # as the chart made them (clientConfig re-pointed)
+    saved = {calls_.DECLARED: declared_configurations(rendered)}
     calls: list[calls_.CallsRun] = []
     latency: list[calls_.LatencyRun] = []
     ensure_sandboxes(bench)
@@ -95,16 +97,16 @@ def measure_calls(bench: Bench, release: e2elib.Release, namespace: str, creates
             print(f"  calls round {i} {config:34} {result.created}/{creates} created; per 1,000 creates: "
                   + ", ".join(f"{name} {kind} {run.per_1000((name, kind)):.0f}" for name, kind in counted), flush=True)
         set_conditions(bench.cluster, release, rendered, keep=True)
-        # Each state's creates as two batches in mirrored order (off, on, floor, floor, on, off; reversed
-        # next round): the machine's speed drifts between batches by more than 5%, and a linear drift then
-        # falls on every state alike.
-        order = (calls_.OFF, calls_.ON, calls_.FLOOR)
+        # Each state's creates as two batches in mirrored order (off, on, declared, floor, floor, declared, on,
+        # off; reversed next round): the machine's speed drifts between batches by more than 5%, and a linear
+        # drift then falls on every state alike.
+        order = (calls_.OFF, calls_.ON, calls_.DECLARED, calls_.FLOOR)
         order = order if i % 2 else order[::-1]
         parts = {(state, load): calls_.LatencyRun(round=i, state=state, load=load,
                                                   sandboxed_share=calls_.SANDBOXED_SHARE)
                  for state in order for load, _ in loads}
         for state in (*order, *reversed(order)):
-            set_webhook(bench.cluster, release, rendered, namespace, state)
+            set_webhook(bench.cluster, release, saved.get(state, rendered), namespace, state)
             half = latency_creates // 2
             for load, rate in loads:
                 result, _, cpu, match, called = asyncio.run(counted_batch(bench, namespace, half, concurrency,
@@ -143,15 +145,18 @@ class CallsResult:
 def calls_notes(result: CallsResult, plan: CallsPlan) -> list[str]:
     return [f"Latency: {plan.latency_creates:,} creates of pods without GPU "
             f"({calls_.SANDBOXED_SHARE:.0%} of them sandboxed) per state and round, as two batches "
-            "in mirrored order (off, on, floor, floor, on, off; reversed the next round) so that a drift of the "
+            "in mirrored order (off, on, declared, floor, floor, declared, on, off; reversed the next round) so that "
+            "a drift of the "
             "machine's speed falls on every state alike, each batch after a warm-up; the ratio of the average "
             "latencies of the same round and load"
             + (f"; each batch once per load (closed loop, then paced at {', '.join(f'{r:g}' for r in plan.rates)} "
                "creates/s over the same number of connections)" if plan.rates else "")
             + ". Configurations switched by deleting them (off), "
-            "creating them again as the chart rendered them (on), or patching every webhook's matchConditions to "
-            "the constant `false` (floor), each time waiting until a dry-run GPU pod "
-            f"setting NVIDIA_VISIBLE_DEVICES is denied (on) or admitted (off; floor, then {CONFIG_SETTLE:g} s more).",
+            "creating them again as the chart rendered them (on), patching in the matchConditions the chart renders "
+            "with `webhook.policy.nonGpuRuntimeClassNames` naming the sandboxes (declared), or patching every "
+            "webhook's matchConditions to the constant `false` (floor), each time waiting until a dry-run GPU pod "
+            f"setting NVIDIA_VISIBLE_DEVICES is denied (on, declared) or admitted (off; floor), then "
+            f"{CONFIG_SETTLE:g} s more but for off.",
             f"Between `before` and `after` the matchConditions are patched out or back in, then the bench waits "
             f"{CONFIG_SETTLE:g} s (the API server's informer applies a configuration change within milliseconds on "
             "loopback) and sends a warm-up batch before counting.",

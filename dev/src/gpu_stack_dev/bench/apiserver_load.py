@@ -31,9 +31,10 @@ under (a) the chart's rendered configurations with every matchConditions removed
 renders them, the webhook calls counted by the API server itself (`apiserver_admission_webhook_request_total`
 by webhook name and type) per 1,000 creates; then creates of pods without GPU, one in 20 with a sandboxed
 runtimeClassName (gVisor, Kata: apiserver_calls.SANDBOXED_SHARE; the chart's matchConditions send those to the
-webhook), with the configurations as rendered (on), with no configurations at all (off) and with every
-matchCondition `false` (floor), the ratio of the average latencies per round (target: on within 5% of the
-floor), under two loads: closed loop (the
+webhook unless webhook.policy.nonGpuRuntimeClassNames names them), with the configurations as rendered (on), with
+the conditions rendered with those names declared (declared), with no configurations at all (off) and with every
+matchCondition `false` (floor), the ratio of the average latencies per round (target: on, and declared, within 5%
+of the floor), under two loads: closed loop (the
 API server flat out) and paced at `--calls-rates` creates per second (Poisson arrivals, open loop).
 Its own section, between its own markers. `--part load|calls` runs one part only.
 """

@@ -10,6 +10,7 @@ import urllib.request
 import uuid
 from typing import Any
 
+from gpu_stack_dev import chartlib
 from gpu_stack_dev.bench import apiserver_calls as calls_
 from gpu_stack_dev.bench.apiserver_rounds import BARE, BARE_ANSWERS, OURS
 from gpu_stack_dev.e2e import apiload, e2elib
@@ -72,10 +73,19 @@ def point_at(cluster: e2elib.E2ECluster, hook: e2elib.LiveWebhook, release: e2el
 def webhook_configurations(cluster: e2elib.E2ECluster, release: e2elib.Release) -> list[dict[str, Any]]:
     return [obj for kind in e2elib.WEBHOOK_KINDS for obj in cluster.get_json(kind, "-l", release.selector)["items"]]
 
+def declared_configurations(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rendered` with the matchConditions the chart renders with `webhook.policy.nonGpuRuntimeClassNames`
+    naming the bench's sandboxes (calls_.DECLARED)."""
+    values = {"webhook.policy.nonGpuRuntimeClassNames": sorted(calls_.SANDBOXES)}
+    conditions = {hook["name"]: hook["matchConditions"] for obj in chartlib.render(4, "default", values).objects()
+                  if obj["kind"].endswith("WebhookConfiguration") for hook in obj["webhooks"]}
+    return [{**obj, "webhooks": [{**hook, "matchConditions": conditions[hook["name"]]} for hook in obj["webhooks"]]}
+            for obj in rendered]
+
 def patch_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered: list[dict[str, Any]],
                      state: str) -> None:
-    """Every configuration of the release with the matchConditions of `state`: AFTER or ON, those the chart
-    rendered; BEFORE, none; FLOOR, the constant `false`."""
+    """Every configuration of the release with the matchConditions of `state`: AFTER, ON or DECLARED, those of
+    `rendered`; BEFORE, none; FLOOR, the constant `false`."""
     # By kind and name: the chart names its mutating and validating configurations alike.
     by_name = {(obj["kind"], obj["metadata"]["name"]): obj for obj in rendered}
     for obj in webhook_configurations(cluster, release):
@@ -94,9 +104,10 @@ def set_conditions(cluster: e2elib.E2ECluster, release: e2elib.Release, rendered
 
 def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list[dict[str, Any]], namespace: str,
                 state: str) -> None:
-    """No webhook configurations at all (OFF); the saved ones as the chart rendered them (ON, created again
-    when deleted); or those with every matchCondition the constant `false` (FLOOR). Then wait until the API
-    server acts on it: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied only when ON."""
+    """No webhook configurations at all (OFF); the saved ones (ON, or DECLARED with declared_configurations;
+    created again when deleted); or those with every matchCondition the constant `false` (FLOOR). Then wait
+    until the API server acts on it: a dry-run GPU pod setting NVIDIA_VISIBLE_DEVICES is denied only when ON
+    or DECLARED."""
     if state == calls_.FLOOR:
         # From ON (the API server has seen the configurations), so that an admitted probe below means the
         # `false` conditions are in effect rather than configurations not seen yet.
@@ -118,9 +129,11 @@ def set_webhook(cluster: e2elib.E2ECluster, release: e2elib.Release, saved: list
     while True:
         proc = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe),
                                check=False)
-        if ("denied the request" in proc.stderr) if state == calls_.ON else proc.returncode == 0:
-            if state == calls_.FLOOR:
-                time.sleep(CONFIG_SETTLE)  # admitted from the first patched configuration: wait for the second
+        if ("denied the request" in proc.stderr) if state in (calls_.ON, calls_.DECLARED) else proc.returncode == 0:
+            if state != calls_.OFF:
+                # FLOOR: admitted from the first patched configuration, so wait for the second; ON and DECLARED
+                # deny the probe alike, so the probe cannot tell one from the other.
+                time.sleep(CONFIG_SETTLE)
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"the API server did not switch the webhook to {state}: {proc.stderr}")
