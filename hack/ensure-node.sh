@@ -10,13 +10,18 @@
 #   docker-registry, skopeo,       the TLS registry with htpasswd auth the node pulls released images from,
 #   apache2-utils (htpasswd)       and what pushes to it (gpu_stack_dev.registry)
 # Nothing is started. Idempotent: when every tool is there, nothing is installed. Needs root and apt-get.
+# With arguments, only those tools (as named below), e.g. `hack/ensure-node.sh buildah /bin/busybox`, what
+# `make test`'s image-build tests need.
 set -euo pipefail
 
 declare -A package_of=([containerd]=containerd [runsc]=runsc [/usr/lib/cni/bridge]=containernetworking-plugins
   [iptables]=iptables [/bin/busybox]=busybox-static [/bin/bash-static]=bash-static [buildah]=buildah [mmdebstrap]=mmdebstrap
   [docker-registry]=docker-registry [skopeo]=skopeo [htpasswd]=apache2-utils)
 missing=()
-for tool in "${!package_of[@]}"; do
+tools=("$@")
+((${#tools[@]})) || tools=("${!package_of[@]}")
+for tool in "${tools[@]}"; do
+  [[ -n "${package_of[$tool]:-}" ]] || { echo "$0: no package known for $tool" >&2; exit 2; }
   if [[ "$tool" == /* ]]; then [[ -x "$tool" ]] && continue; else command -v "$tool" >/dev/null 2>&1 && continue; fi
   missing+=("${package_of[$tool]}")
 done
