@@ -113,6 +113,14 @@ def test_default_operator_policy_is_the_plugins_built_in_config() -> None:
     assert "nvidia" in config.gpu_runtime_class_names
 
 
+def test_the_operators_runtime_class_declared_non_gpu_is_named_as_such() -> None:
+    declared = PolicyConfig(nonGpuRuntimeClassNames=["nvidia"], gpuRuntimeClassNames=[])
+    with pytest.raises(SourceError) as raised:
+        operator_policy(declared, read_cluster_policy(cluster_policy()), None)
+    assert str(raised.value).startswith("ClusterPolicy cluster-policy operator.runtimeClass nvidia is the NVIDIA "
+                                        "runtime, but nonGpuRuntimeClassNames declares it is not")
+
+
 def test_operator_time_slicing_configmap_and_overrides() -> None:
     obj = with_plugin_config(cluster_policy())
     obj["spec"]["mig"]["strategy"] = "mixed"

@@ -276,6 +276,10 @@ def operator_policy(base: PolicyConfig, settings: OperatorSettings, data: Mappin
     if default == EMPTY_CONFIG:
         files[EMPTY_CONFIG] = {"version": "v1"}
     configs = {n: _with_flags(c, settings.mig_strategy, settings.device_list_strategy) for n, c in files.items()}
+    if settings.runtime_class in base.non_gpu_runtime_class_names:
+        raise SourceError(f"ClusterPolicy {settings.name} operator.runtimeClass {settings.runtime_class} is the NVIDIA "
+                          "runtime, but nonGpuRuntimeClassNames declares it is not: remove it from "
+                          "webhook.policy.nonGpuRuntimeClassNames")
     runtime_classes = list(dict.fromkeys([*base.gpu_runtime_class_names, settings.runtime_class]))
     # The operator names the toolkit's runtime handler after its runtime class (CONTAINERD_RUNTIME_CLASS,
     # getRuntimeClassName) and creates the RuntimeClass with that handler.
