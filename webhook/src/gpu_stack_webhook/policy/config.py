@@ -273,10 +273,8 @@ class PolicyConfig(_Strict):
 
     @model_validator(mode="after")
     def _runtime_classes_declared_once(self) -> PolicyConfig:
-        both = sorted(set(self.gpu_runtime_class_names) & set(self.non_gpu_runtime_class_names))
-        if self.inject_runtime_class_name in self.non_gpu_runtime_class_names:
-            both = sorted({*both, self.inject_runtime_class_name})
-        if both:
+        gpu = {*self.gpu_runtime_class_names, self.inject_runtime_class_name}
+        if both := sorted(gpu.intersection(self.non_gpu_runtime_class_names)):
             raise ValueError(f"RuntimeClass {', '.join(both)} cannot be in nonGpuRuntimeClassNames: "
                              "it is a GPU runtime class (gpuRuntimeClassNames or injectRuntimeClassName)")
         return self
