@@ -42,12 +42,12 @@ def test_config_variables_are_what_the_python_config_gives(overlay: str) -> None
             if variable["name"] in expected:
                 seen.add(variable["name"])
                 assert json.loads(variable["expression"]) == expected[variable["name"]], (overlay, variable["name"])
-    # disabledRules and nonGpuRuntimeClassNames are read by the webhooks' matchConditions only
+    # disabledRules, nonGpuRuntimeClassNames and gpuResourcePattern are read by the webhooks' matchConditions only
     # (tests/chart/test_match_conditions.py).
     if policy_only:  # the validating policies' variables only
         assert seen and seen < set(expected)
         return
-    assert seen == set(expected) - {"disabledRules", "nonGpuRuntimeClassNames"}
+    assert seen == set(expected) - {"disabledRules", "nonGpuRuntimeClassNames", "gpuResourcePattern"}
 
 
 def test_both_modes_cel_render_no_webhook_at_all() -> None:

@@ -10,6 +10,8 @@ from gpu_stack_dev.chartlib import FULLNAME, one, overlays, render
 from gpu_stack_webhook.cel import match_conditions, runtime
 from gpu_stack_webhook.cel.library import config_values
 from gpu_stack_webhook.policy.config import parse_config
+from gpu_stack_webhook.policy.dra import EXTENDED_RESOURCE_PREFIX
+from gpu_stack_webhook.policy.sharing import SharingIndex
 
 WEBHOOK = f"{FULLNAME}-webhook"
 
@@ -108,3 +110,34 @@ def test_declared_non_gpu_runtime_classes_are_left_out_and_kept_non_nvidia_by_a_
     binding = one(objects, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-non-gpu-runtime-classes")["spec"]
     assert binding == {"policyName": f"{FULLNAME}-non-gpu-runtime-classes", "validationActions": ["Deny"]}
     assert not [o for o in render(4, "default").objects() if "non-gpu-runtime" in o["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(("names", "prefixes", "sent", "skipped"), [
+    # The chart's defaults: a dot is a dot, a name is whole, a prefix is a prefix.
+    (None, None, ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"],
+     ["nvidia.com/gpuXshared", "nvidia.com/gpu2", "example.com/nvidia.com/gpu", "nvidia.com/mig", "cpu"]),
+    # What a regular expression would read otherwise is read as itself.
+    (["vendor.io/a+b(c)"], ["vendor.io/x[1]."], ["vendor.io/a+b(c)", "vendor.io/x[1].y"],
+     ["vendor.io/aab(c)", "vendor.io/a+bc", "vendor.io/x1y"]),
+    # No GPU names at all: only DRA's extended resources send a pod.
+    ([], [], ["deviceclass.resource.kubernetes.io/gpu.nvidia.com"], ["nvidia.com/gpu", "cpu"]),
+])
+def test_the_conditions_read_gpu_resource_names_as_the_webhook_does(names: list[str] | None,
+                                                                    prefixes: list[str] | None,
+                                                                    sent: list[str], skipped: list[str]) -> None:
+    """The config's GPU names and prefixes reach the conditions as one regular expression (gpuResourcePattern,
+    built by the chart): a container asking for a resource the webhook counts as a GPU is sent, any other is not."""
+    settings: dict[str, Any] = {}
+    if names is not None:
+        settings["webhook.policy.gpuResources"] = {"names": names, "prefixes": prefixes}
+    objects = render(4, "default", settings).objects()
+    policy = parse_config(yaml.safe_load(one(objects, "ConfigMap", f"{WEBHOOK}-policy")["data"]["policy.yaml"]))
+    index = SharingIndex(policy)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (condition,) = _conditions(objects, kind)
+        for resource in sent + skipped:
+            pod = {"kind": "Pod", "metadata": {}, "spec": {"containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {resource: "1"}}}]}}
+            called = runtime.evaluate(condition["expression"], pod, {})
+            assert called is (resource in sent), (kind, resource)
+            assert called is (index.is_gpu(resource) or resource.startswith(EXTENDED_RESOURCE_PREFIX)), resource

@@ -93,9 +93,15 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
 {{- if has "mps" (values $out) }}{{ $mps = append $mps $name }}{{ end }}
 {{- end }}
 {{- $m := $policy.mps }}
+{{- /* gpu_stack_webhook.cel.library.gpu_resource_pattern */}}
+{{- $alternatives := list }}
+{{- range ($gpuNames | uniq | sortAlpha) }}{{ $alternatives = append $alternatives (printf "%s$" (regexQuoteMeta .)) }}{{ end }}
+{{- range ($policy.gpuResources.prefixes | uniq | sortAlpha) }}{{ $alternatives = append $alternatives (regexQuoteMeta .) }}{{ end }}
+{{- $pattern := ternary (printf "^(?:%s)" (join "|" $alternatives)) "^$" (gt (len $alternatives) 0) }}
 {{- $values := dict
       "gpuNames" ($gpuNames | uniq | sortAlpha)
       "gpuPrefixes" ($policy.gpuResources.prefixes | uniq | sortAlpha)
+      "gpuResourcePattern" $pattern
       "gpuRuntimeClassNames" ($policy.gpuRuntimeClassNames | sortAlpha)
       "nonGpuRuntimeClassNames" ($policy.nonGpuRuntimeClassNames | uniq | sortAlpha)
       "configLabel" $sharing.nodeConfigLabel

@@ -10,6 +10,8 @@ written with.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from gpu_stack_webhook.policy.config import PolicyConfig
@@ -30,6 +32,7 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
     return {
         "gpuNames": sorted(index.gpu_names),
         "gpuPrefixes": sorted(index.gpu_prefixes),
+        "gpuResourcePattern": gpu_resource_pattern(index.gpu_names, index.gpu_prefixes),
         "gpuRuntimeClassNames": sorted(config.gpu_runtime_class_names),
         "nonGpuRuntimeClassNames": sorted(set(config.non_gpu_runtime_class_names)),
         "configLabel": index.label,
@@ -55,6 +58,20 @@ def config_values(config: PolicyConfig) -> dict[str, Any]:
         "draSharingStrategies": sorted(set(config.dra.sharing_strategies)),
         "draMpsDefaultLimit": config.dra.mps_default_pinned_device_memory_limit,
     }
+
+
+def gpu_resource_pattern(names: Iterable[str], prefixes: Iterable[str]) -> str:
+    """A regular expression (RE2, as CEL's `matches` reads it) for a resource name that is one of `names` or
+    starts with one of `prefixes`. With neither, it matches only the empty string, which is no resource name.
+    The chart builds the same string (templates/webhook/_cel.tpl, with Go's regexp.QuoteMeta)."""
+    alternatives = [f"{_quote_meta(n)}$" for n in sorted(set(names))]
+    alternatives += [_quote_meta(p) for p in sorted(set(prefixes))]
+    return f"^(?:{'|'.join(alternatives)})" if alternatives else "^$"
+
+
+def _quote_meta(text: str) -> str:
+    """Go's regexp.QuoteMeta (Helm's regexQuoteMeta): a backslash before each of \\.+*?()|[]{}^$."""
+    return re.sub(r"[\\.+*?()|\[\]{}^$]", lambda m: "\\" + m.group(), text)
 
 
 def lower_binds(expr: str) -> str:
