@@ -93,14 +93,16 @@ gpu_stack_webhook.cel.library.config_values computes them (tests/chart/test_cel_
 {{- if has "mps" (values $out) }}{{ $mps = append $mps $name }}{{ end }}
 {{- end }}
 {{- $m := $policy.mps }}
+{{- $gpuNames = $gpuNames | uniq | sortAlpha }}
+{{- $gpuPrefixes := $policy.gpuResources.prefixes | uniq | sortAlpha }}
 {{- /* gpu_stack_webhook.cel.library.gpu_resource_pattern */}}
 {{- $alternatives := list }}
-{{- range ($gpuNames | uniq | sortAlpha) }}{{ $alternatives = append $alternatives (printf "%s$" (regexQuoteMeta .)) }}{{ end }}
-{{- range ($policy.gpuResources.prefixes | uniq | sortAlpha) }}{{ $alternatives = append $alternatives (regexQuoteMeta .) }}{{ end }}
+{{- range $gpuNames }}{{ $alternatives = append $alternatives (printf "%s$" (regexQuoteMeta .)) }}{{ end }}
+{{- range $gpuPrefixes }}{{ $alternatives = append $alternatives (regexQuoteMeta .) }}{{ end }}
 {{- $pattern := ternary (printf "^(?:%s)" (join "|" $alternatives)) "^$" (gt (len $alternatives) 0) }}
 {{- $values := dict
-      "gpuNames" ($gpuNames | uniq | sortAlpha)
-      "gpuPrefixes" ($policy.gpuResources.prefixes | uniq | sortAlpha)
+      "gpuNames" $gpuNames
+      "gpuPrefixes" $gpuPrefixes
       "gpuResourcePattern" $pattern
       "gpuRuntimeClassNames" ($policy.gpuRuntimeClassNames | sortAlpha)
       "nonGpuRuntimeClassNames" ($policy.nonGpuRuntimeClassNames | uniq | sortAlpha)
