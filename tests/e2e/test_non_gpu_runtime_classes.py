@@ -1,6 +1,7 @@
 """RuntimeClasses declared non-GPU (webhook.policy.nonGpuRuntimeClassNames) on a real API server: a pod naming
 one is not sent to the webhook for it (here the webhook has no endpoint, so a sent pod is refused as
-unreachable); a pod naming an undeclared one, or a declared one with a GPU request, still is. The chart's
+unreachable); a pod naming an undeclared one is sent to /validate only, and a declared one with a GPU request to
+both. The chart's
 ValidatingAdmissionPolicy refuses a RuntimeClass of a declared name with an NVIDIA handler, and an install over
 one that already exists stops with our message."""
 
@@ -68,4 +69,9 @@ def test_declared_runtime_classes_are_not_sent_and_cannot_become_nvidia(cluster:
         admitted = dry_run(cluster, namespace, pod(f"on-{name}", name))
         assert admitted.returncode == 0, admitted.stderr
         assert refused_by_our_webhook(dry_run(cluster, namespace, pod(f"gpu-on-{name}", name, resources=GPU)))
-    assert refused_by_our_webhook(dry_run(cluster, namespace, pod("on-sandboxed", "sandboxed")))
+    # An undeclared runtime class is sent to /validate only: no mutating rule changes a pod for its runtime class
+    # alone. With a GPU it is sent to /mutate, which the API server calls first.
+    sandboxed = dry_run(cluster, namespace, pod("on-sandboxed", "sandboxed"))
+    assert refused_by_our_webhook(sandboxed) and '"validate.gpu-stack.io"' in sandboxed.stderr, sandboxed.stderr
+    gpu = dry_run(cluster, namespace, pod("gpu-on-sandboxed", "sandboxed", resources=GPU))
+    assert refused_by_our_webhook(gpu) and '"mutate.gpu-stack.io"' in gpu.stderr, gpu.stderr

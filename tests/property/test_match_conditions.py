@@ -211,6 +211,17 @@ def test_plain_pods_are_skipped_where_the_nvidia_runtime_is_not_the_default() ->
     assert called("overlay:default", gpu, mutating=False) and called("overlay:default", gpu, mutating=True)
 
 
+def test_a_runtime_class_alone_is_sent_to_validate_only() -> None:
+    """A sandboxed pod without GPUs (gVisor, Kata: a runtime class not declared non-GPU) is sent to /validate,
+    which reads the class's handler, and not to /mutate: no mutating rule changes a pod for its runtime class."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sandboxed"}, "spec": {
+        "runtimeClassName": "gvisor", "containers": [{"name": "app", "image": "busybox"}]}}
+    assert called("overlay:default", pod, mutating=False)
+    assert not called("overlay:default", pod, mutating=True)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert called("overlay:default", pod, mutating=True)
+
+
 def test_pods_beyond_the_size_bounds_are_sent_unread() -> None:
     many = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "many"}, "spec": {"containers": [
         {"name": f"c{i}", "image": "busybox"} for i in range(signals.MAX_CONTAINERS + 1)]}}

@@ -16,6 +16,7 @@ and so does `expression()` for offline evaluation.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +42,9 @@ def _body(rules: tuple[Rule, ...]) -> str:
             terms.append(f"({enabled} && ({carried.cel}))")
     expression = " || ".join(terms)
     for name, value in reversed(BINDINGS):
-        expression = f"cel.bind({name}, {value}, {expression})"
+        # Only a name the expression reads: cel-go evaluates a binding whether or not it is read (lower_binds).
+        if re.search(rf"(?<![\w.?]){name}\b", expression):
+            expression = f"cel.bind({name}, {value}, {expression})"
     return expression
 
 

@@ -33,8 +33,10 @@ assert {k for _, k in JUDGED_KINDS} == set(POD_SPEC_LOCATIONS)
 DRA_GROUP = "resource.k8s.io"
 DRA_KINDS: frozenset[tuple[str, str]] = frozenset({(DRA_GROUP, "ResourceClaim"), (DRA_GROUP, "ResourceClaimTemplate")})
 PATCHABLE_KINDS = frozenset({"Pod", "ResourceClaim", "ResourceClaimTemplate"})
-# The order the scope gate asks a pod's signals in: a GPU pod answers the first for every rule but GPU009.
-GATE_ORDER = (Signal.GPU_POD, Signal.NVIDIA_RUNTIME, Signal.MPS_SELECTION, Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
+# The order the scope gate asks a pod's signals in: a pod naming a GPU resource answers the first for the mutating
+# rules and the second for the others but GPU009.
+GATE_ORDER = (Signal.GPU_RESOURCES, Signal.GPU_POD, Signal.NVIDIA_RUNTIME, Signal.MPS_SELECTION,
+              Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
 _PREDICATES = tuple(SIGNALS[signal].python for signal in GATE_ORDER)
 # What the gate knows of a signal during one evaluation (a list indexed like GATE_ORDER: a Signal is an Enum,
 # whose hash is a Python method, too slow to key a dict read for every rule of every review).

@@ -8,7 +8,7 @@ generated pods and every overlay's policy, that the CEL holds wherever the Pytho
 
 The CEL reads the config (CONFIG, as cel/library.config_values computes it) through `${name}` placeholders
 the chart replaces with JSON literals, and the pod through the bindings of BINDINGS (`spec`, `annotations`,
-`gpuPod`).
+`gpuResources`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.dra import EXTENDED_RESOURCE_PREFIX, dra_gpus, names_dra
-from gpu_stack_webhook.policy.gpus import is_gpu_pod
+from gpu_stack_webhook.policy.gpus import gpu_amounts, is_gpu_pod
 from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS, PodView
 
 # What the NVIDIA runtime reads from a pod spec besides its GPUs (GPU002, GPU007), and what containerd and
@@ -57,6 +57,10 @@ class Signal(enum.Enum):
     # deviceclass.resource.kubernetes.io/ resource (names_dra: whether a claim holds a GPU needs a lookup, so
     # any claim is in scope).
     GPU_POD = "gpu-pod"
+    # The part of GPU_POD read from the pod alone: a container names a GPU resource, or the pod may hold GPUs by
+    # DRA. What a GPU runtime class without these brings is judged at /validate only: no mutating rule changes
+    # anything for it, so /mutate is not called for a sandboxed pod (gVisor, Kata) without GPUs.
+    GPU_RESOURCES = "gpu-resources"
     # The pod runs under the NVIDIA runtime (a GPU pod, or any pod where that runtime is the node's
     # default: config nvidiaRuntimeIsDefault) and names something that runtime reads from a pod spec:
     # NVIDIA_VISIBLE_DEVICES in env, an envFrom source, a mount under its device list directory. A GPU
@@ -109,6 +113,11 @@ def gpu_pod(pod: PodView, ctx: Context) -> bool:
     return is_gpu_pod(pod, ctx) or names_dra(pod)
 
 
+def gpu_resources(pod: PodView, ctx: Context) -> bool:
+    """Signal.GPU_RESOURCES."""
+    return bool(gpu_amounts(pod, ctx)) or names_dra(pod)
+
+
 # One regular expression for the config's GPU names and prefixes (cel/library.gpu_resource_pattern), not a
 # comprehension over the prefixes per resource key; with the one container list below, the API server spends
 # ~13 µs less per evaluation on a 2-container pod without GPU (bench/match_conditions_cost.py, v1.36).
@@ -123,18 +132,21 @@ _NAMES_GPU = (
     f"size({_REQUESTS}) + size({_LIMITS}) > {MAX_RESOURCES} || "
     f"{_REQUESTS}.exists(r, {_IS_GPU}) || {_LIMITS}.exists(r, {_IS_GPU})"
 )
-# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra). A runtime
-# class the admin declares non-GPU is not read from the cluster (policy/runtime_classes.py), so it sends nothing.
-_GPU_POD = (
-    "spec.?runtimeClassName.orValue('') != '' && !(spec.runtimeClassName in ${nonGpuRuntimeClassNames}) || "
+# A pod with DRA claims may hold GPUs (whether a claim does needs a lookup: policy/dra.py names_dra).
+_GPU_RESOURCES = (
     "size(spec.?resourceClaims.orValue([])) > 0 || "
     f"{' + '.join(f'size({lst})' for lst in _CONTAINER_LISTS)} > {MAX_CONTAINERS} || "
     f"{_CONTAINERS}.exists(c, {_NAMES_GPU})"
 )
-
-# The names every expression may read, bound in this order around them.
-BINDINGS = (("spec", _SPEC), ("annotations", _ANNOTATIONS), ("gpuPod", _GPU_POD))
-GPU_POD_CEL = "gpuPod"
+# The names an expression may read, bound in this order around it (each only where it is read:
+# cel/match_conditions.py).
+BINDINGS = (("spec", _SPEC), ("annotations", _ANNOTATIONS), ("gpuResources", _GPU_RESOURCES))
+GPU_RESOURCES_CEL = "gpuResources"
+# A runtime class the admin declares non-GPU is not read from the cluster (policy/runtime_classes.py), so it
+# sends nothing. Written out where it is read, not bound: the API server evaluates a binding (a comprehension)
+# whether or not it is read, and /mutate does not read this.
+GPU_POD_CEL = ("(spec.?runtimeClassName.orValue('') != '' && "
+               "!(spec.runtimeClassName in ${nonGpuRuntimeClassNames}) || gpuResources)")
 
 
 # --- Signal.NVIDIA_RUNTIME ------------------------------------------------------------------------------------
@@ -170,7 +182,7 @@ _RUNTIME_INPUT = (
     f"size(c.?envFrom.orValue([])) > 0 || size(env) > {MAX_ENV} || size(mounts) > {MAX_MOUNTS} || "
     f"env.exists(e, e.?name.orValue('') == '{VISIBLE_DEVICES}') || "
     f"mounts.exists(m, m.?mountPath.orValue('').contains('{DEVICE_LIST_NAME}')))))")
-NVIDIA_RUNTIME_CEL = f"gpuPod || ${{nvidiaRuntimeIsDefault}} && ({_RUNTIME_INPUT})"
+NVIDIA_RUNTIME_CEL = f"{GPU_POD_CEL} || ${{nvidiaRuntimeIsDefault}} && ({_RUNTIME_INPUT})"
 
 
 # --- Signal.MPS_SELECTION -------------------------------------------------------------------------------------
@@ -252,6 +264,7 @@ class Carried:
 
 SIGNALS: dict[Signal, Carried] = {
     Signal.GPU_POD: Carried(gpu_pod, GPU_POD_CEL),
+    Signal.GPU_RESOURCES: Carried(gpu_resources, GPU_RESOURCES_CEL),
     Signal.NVIDIA_RUNTIME: Carried(nvidia_runtime, NVIDIA_RUNTIME_CEL),
     Signal.MPS_SELECTION: Carried(mps_selected, MPS_SELECTION_CEL),
     Signal.CDI_ANNOTATION: Carried(cdi_annotation, CDI_ANNOTATION_CEL),

@@ -33,7 +33,7 @@ DOC = (
     'request (warning) and denies a mismatch or a fraction early, before Kubernetes rejects it with a terse '
     'message'
 )
-SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+SCOPE = (Signal.GPU_RESOURCES,)  # policy/signals.py
 FRACTION_HINT = "GPUs are whole devices; to share one use time-slicing, MPS or MIG"
 NOT_WHOLE = Message(f"{{label}}: {{resource}} {{kind}} {{value}} is not a whole number; {FRACTION_HINT}")
 MISMATCH = Message(f"{{label}}: {{resource}} request {{request}} != limit {{limit}}; set both to the same whole "

@@ -44,7 +44,7 @@ DOC = (
     'annotation) get `hostIPC: true` (switchable), the missing MPS tolerations, and for annotation opt-in '
     'the MPS node selector — each change reported as a warning'
 )
-SCOPE = (Signal.GPU_POD, Signal.MPS_SELECTION)
+SCOPE = (Signal.GPU_RESOURCES, Signal.MPS_SELECTION)
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = ("the denials (Pod Security levels need a lookup; an opt-in whose nodeSelector excludes MPS nodes is "
                 "left unpatched), the warnings, and leaving pods with DRA MPS claims alone (a lookup)")

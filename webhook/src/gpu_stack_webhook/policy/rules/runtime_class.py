@@ -26,7 +26,7 @@ DOC = (
     "not the nodes' default runtime), a Pod being created that allocates a GPU and names no runtime class "
     'gets `runtimeClassName: nvidia` (warning)'
 )
-SCOPE = (Signal.GPU_POD,)  # policy/signals.py
+SCOPE = (Signal.GPU_RESOURCES,)  # policy/signals.py
 # What stays webhook-only, and why (rules/__init__.py).
 WEBHOOK_ONLY = "the warning saying what was set"
 
