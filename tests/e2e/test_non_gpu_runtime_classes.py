@@ -1,9 +1,8 @@
 """RuntimeClasses declared non-GPU (webhook.policy.nonGpuRuntimeClassNames) on a real API server: a pod naming
 one is not sent to the webhook for it (here the webhook has no endpoint, so a sent pod is refused as
-unreachable); a pod naming an undeclared one is sent to /validate only, and a declared one with a GPU request to
-both. The chart's
-ValidatingAdmissionPolicy refuses a RuntimeClass of a declared name with an NVIDIA handler, and an install over
-one that already exists stops with our message."""
+unreachable); a pod naming an undeclared one is sent to /validate only, and one with a GPU request to both. The
+chart's ValidatingAdmissionPolicy refuses a RuntimeClass of a declared name with an NVIDIA handler, and an install
+over one that already exists stops with our message."""
 
 from __future__ import annotations
 

@@ -181,8 +181,8 @@ def extended_resource_class(resource: str) -> str:
 
 
 def names_dra(pod: PodView) -> bool:
-    """Does the pod name DRA claims or a deviceclass.resource.kubernetes.io/ resource (Signal.GPU_POD)? Memoized per
-    pod: the scope gate and several rules ask, and most pods name neither."""
+    """Does the pod name DRA claims or a deviceclass.resource.kubernetes.io/ resource (Signal.GPU_RESOURCES)?
+    Memoized per pod: the scope gate and several rules ask, and most pods name neither."""
     memo: bool | None = pod.memo.get(names_dra)
     if memo is not None:
         return memo
