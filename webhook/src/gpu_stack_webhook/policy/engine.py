@@ -37,6 +37,7 @@ PATCHABLE_KINDS = frozenset({"Pod", "ResourceClaim", "ResourceClaimTemplate"})
 # rules and the second for the others but GPU009.
 GATE_ORDER = (Signal.GPU_RESOURCES, Signal.GPU_POD, Signal.NVIDIA_RUNTIME, Signal.MPS_SELECTION,
               Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
+assert set(GATE_ORDER) == set(Signal), "GATE_ORDER lists every signal: a rule gated on one left out never runs"
 _PREDICATES = tuple(SIGNALS[signal].python for signal in GATE_ORDER)
 # What the gate knows of a signal during one evaluation (a list indexed like GATE_ORDER: a Signal is an Enum,
 # whose hash is a Python method, too slow to key a dict read for every rule of every review).
