@@ -149,7 +149,7 @@ def measure(cluster: controlplane.Cluster, expressions: Mapping[str, str], creat
             if len(per_evaluation(before, after)) == len(hooks):
                 break
             time.sleep(1)
-        before = spent(list(hooks.values()))
+        before = after  # nothing was sent since the warm-up's last reading
         create(creates)
         measured = per_evaluation(before, spent(list(hooks.values())))
         for label in labels:
