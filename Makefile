@@ -172,7 +172,9 @@ demo: $(STAMP) helm
 # baseline under wrk (bench/run_bench.py, ~9 min, `--quick` ~3 min; installs wrk with apt-get when root:
 # throughput, p99 and worker memory judged against BENCHMARKS.md's targets per round on a mix of 3,000
 # pod creates and on one identical body, py-spy flame graphs into bench/flamegraphs/ and the share of each
-# layer of the served path per review, gpu_stack_dev.bench.layers), then many
+# layer of the served path per review, gpu_stack_dev.bench.layers), then the same servers' instructions per
+# review under valgrind's callgrind (bench/served_instructions.py, ~8 min: counts another tenant does not move,
+# with simulated cache misses and mispredicted branches), then many
 # keep-alive clients (bench/many_clients.py) and pod creates through the make-e2e API server
 # (bench/apiserver_load.py: our webhooks vs a bare allow-all, 3 rounds, --rounds 5 for a sign-off run;
 # then the webhook calls per 1,000 mixed creates without / with the chart's
@@ -183,6 +185,7 @@ demo: $(STAMP) helm
 # BENCHMARKS.md, every part stamped with its run (date, commit, command).
 bench: $(STAMP) helm
 	$(PY) bench/run_bench.py --out BENCHMARKS.md
+	$(PY) bench/served_instructions.py --out BENCHMARKS.md
 	$(PY) bench/many_clients.py --out BENCHMARKS.md
 	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then assets="$$(hack/envtest-assets.sh)" || exit 1; \
 	  export KUBEBUILDER_ASSETS="$$assets"; fi; $(PY) bench/apiserver_load.py --out BENCHMARKS.md && \

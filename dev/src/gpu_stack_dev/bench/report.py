@@ -28,6 +28,7 @@ PARTS = {
     "http": "bench/run_bench.py",
     "soak": "make soak (bench/soak.md, included)",
     "inspect-scale": "make bench-inspect (bench/inspect-scale.md, included)",
+    "served-instructions": "bench/served_instructions.py",
     "many-clients": "bench/many_clients.py",
     "apiserver-load": "bench/apiserver_load.py --part load",
     "apiserver-calls": "bench/apiserver_load.py --part calls",
@@ -38,7 +39,8 @@ DIRTY = "+ uncommitted changes"
 DIRTY_WARNING = ("**Not reproducible: a part of this file measured a checkout with uncommitted changes** (its run "
                  "below says `" + DIRTY + "`). Commit the code, run `make bench` again, and commit the file it "
                  "writes; tests/bench/test_bench_report.py refuses this file in a commit.")
-INTRO = ("Written whole by `make bench` (hack/bench_policy.py and bench/run_bench.py, then bench/many_clients.py, "
+INTRO = ("Written whole by `make bench` (hack/bench_policy.py and bench/run_bench.py, then "
+         "bench/served_instructions.py, bench/many_clients.py, "
          "bench/apiserver_load.py, bench/scheduler_scale.py and bench/pod_startup.py; `make soak` and "
          "`make bench-inspect` write the parts "
          "it includes). Do not edit it by hand: each part says which run wrote it, on which commit. The history of "

@@ -50,6 +50,8 @@ class Server:
     log: Path
     expected_workers: int = 1
     proc: subprocess.Popen[bytes] | None = None
+    # Seconds to wait for /healthz (a server under valgrind starts about ten times slower).
+    start_timeout: float = 60
 
     @property
     def url(self) -> str:
@@ -59,7 +61,7 @@ class Server:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, cwd=REPO_ROOT)
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log}")
@@ -72,7 +74,7 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"{self.name} did not answer /healthz within 60 s; log: {self.log}")
+        raise RuntimeError(f"{self.name} did not answer /healthz within {self.start_timeout:g} s; log: {self.log}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -106,20 +108,26 @@ class Server:
             "workers": [{"pid": w, "rss_kb": status_kb(w, "VmRSS"), "pss_kb": pss_kb(w)} for w in workers],
         }
 
-def ensure_wrk() -> str:
-    found = shutil.which("wrk")
+def ensure_tool(binary: str, package: str, what: str) -> str:
+    """The path of `binary`, installed from Debian's `package` with apt-get when missing and root; else exit
+    saying what to install."""
+    found = shutil.which(binary)
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        print("wrk not found: installing it with apt-get (Debian package `wrk`)", flush=True)
+        print(f"{binary} not found: installing it with apt-get (Debian package `{package}`)", flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        if subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], env=env, check=False,
+        if subprocess.run(["apt-get", "install", "-y", "-qq", package], env=env, check=False,
                           stdout=subprocess.DEVNULL).returncode != 0:
             subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, stdout=subprocess.DEVNULL)
-            subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], env=env, check=True,
+            subprocess.run(["apt-get", "install", "-y", "-qq", package], env=env, check=True,
                            stdout=subprocess.DEVNULL)
-        found = shutil.which("wrk")
+        found = shutil.which(binary)
         if found:
             return found
-    sys.exit("make bench needs wrk (the HTTP load generator, https://github.com/wg/wrk): install it with "
-             "`sudo apt-get install wrk` (Debian/Ubuntu) or your package manager, then run `make bench` again.")
+    sys.exit(f"make bench needs {binary} ({what}): install it with `sudo apt-get install {package}` (Debian/Ubuntu) "
+             "or your package manager, then run `make bench` again.")
+
+
+def ensure_wrk() -> str:
+    return ensure_tool("wrk", "wrk", "the HTTP load generator, https://github.com/wg/wrk")
