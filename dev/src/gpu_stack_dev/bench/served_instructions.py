@@ -20,6 +20,9 @@ review = the dump's summary / reviews answered. Bodies: the pod mix (bodies.pod_
 shares of the HTTP part's 3,000) and the one identical body (bodies.gpu_pod_3c), as in bench/run_bench.py.
 The webhook's own functions, from `callgrind_annotate --inclusive=yes`, show where its extra instructions go.
 
+Periodic work (the metrics flusher's second, the request-deadline watchdog) falls in the counted window too,
+which valgrind's slower clock makes longer: a little more of it per review than at full speed, for both servers.
+
 Counts are not time: a miss or a mispredicted branch costs many cycles, so the CPU ratio of run_bench.py can
 be larger than the instruction ratio. The caches simulated are valgrind's model (sizes read from the CPU).
 """
