@@ -15,7 +15,7 @@ defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit}}}`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from gpu_stack_webhook.policy.config import DRA_SHARING_STRATEGIES, DraPolicy
 from gpu_stack_webhook.policy.context import Context
@@ -28,7 +28,7 @@ CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
 SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
 # KEP-5004 DRAExtendedResource: a container asking for deviceclass.resource.kubernetes.io/<class> gets a
 # device of that DeviceClass through a claim the scheduler makes.
-EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+EXTENDED_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"  # Final: compiled, a constant (engine.py)
 MPS = "MPS"
 # What is wrong with an NVIDIA opaque config the driver could not read (ClaimSpec.problems; GPU009's CEL twin
 # gives the same texts).

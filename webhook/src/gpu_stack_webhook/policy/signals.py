@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import posixpath
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from gpu_stack_webhook.policy.context import Context
 from gpu_stack_webhook.policy.dra import EXTENDED_RESOURCE_PREFIX, dra_gpus, names_dra
@@ -28,12 +28,12 @@ from gpu_stack_webhook.policy.pod import CONTAINER_FIELDS, PodView
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 DEVICE_LIST_NAME = posixpath.basename(DEVICE_LIST_DIR)
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"  # Final: compiled, a constant, not a global read (engine.py)
 # The toolkit's NRI plugin injects the CDI devices named by a pod annotation `nvidia.cdi.k8s.io/container.<name>`,
 # `nvidia.cdi.k8s.io/pod` or `nvidia.cdi.k8s.io`, under any runtime (nvidia-container-toolkit v1.20.0
 # cmd/nvidia-ctk-installer/container/runtime/nri/plugin.go, nriCDIAnnotationDomain, and containerd/nri
 # pkg/plugin/annotations.go GetEffectiveAnnotation, vendored there).
-NRI_ANNOTATION_DOMAIN = "nvidia.cdi.k8s.io"
+NRI_ANNOTATION_DOMAIN: Final = "nvidia.cdi.k8s.io"
 
 
 def is_device_annotation(key: object) -> bool:
