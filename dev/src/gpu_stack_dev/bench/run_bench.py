@@ -95,13 +95,17 @@ class Plan:
 # --- the run ---------------------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, str]:
-    model = ""
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), "" where it is not said."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def machine() -> dict[str, str]:
+    model = cpu_model()
     wrk_version = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False).stdout
     return {
         "nproc": str(os.cpu_count()),

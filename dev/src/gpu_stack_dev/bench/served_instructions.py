@@ -45,7 +45,7 @@ from pathlib import Path
 
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
-from gpu_stack_dev.bench import bodies, provenance, report
+from gpu_stack_dev.bench import bodies, provenance, report, run_bench
 from gpu_stack_dev.bench.servers import VENV_BIN, Server, chart_policy, ensure_tool, free_port
 from gpu_stack_dev.paths import BENCH
 from gpu_stack_dev.paths import ROOT as REPO_ROOT
@@ -98,6 +98,11 @@ def inclusive(annotated: str, names: Sequence[str]) -> dict[str, int]:
     return found
 
 
+def dumps_dir(tmp: Path, name: str) -> Path:
+    """Where callgrind writes the dumps of the server called `name`."""
+    return tmp / f"callgrind-{name}"
+
+
 class Callgrind(Server):
     """A server started under callgrind; counts its one worker between `zero` and `dump`."""
 
@@ -112,7 +117,7 @@ class Callgrind(Server):
         self.control("-z")
 
     def dump(self) -> Path:
-        outputs = self.log.parent / f"callgrind-{self.name}"
+        outputs = dumps_dir(self.log.parent, self.name)
         before = set(outputs.glob(f"{self.worker}.out.*"))
         self.control("-d")
         deadline = time.monotonic() + 60
@@ -131,7 +136,7 @@ class Callgrind(Server):
 
 def callgrind_server(name: str, argv: list[str], tmp: Path) -> Callgrind:
     port = free_port()
-    outputs = tmp / f"callgrind-{name}"
+    outputs = dumps_dir(tmp, name)
     outputs.mkdir()
     # Without --trace-children=yes callgrind_control does not find the forked worker (valgrind 3.19).
     valgrind = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes", "--trace-children=yes",
@@ -204,8 +209,8 @@ def count(server: Callgrind, conns: Connections, path: str, datas: Sequence[byte
     per_review = {column: sum(events.get(e, 0) for e in names) / answered for column, names in COLUMNS.items()}
     annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--show=Ir", "--threshold=100", str(dump)],
                                capture_output=True, text=True, check=True).stdout
-    functions = {label: ir / answered for label, ir in
-                 ((label, inclusive(annotated, [name]).get(name, 0)) for label, name in FUNCTIONS.items())}
+    found = inclusive(annotated, list(FUNCTIONS.values()))
+    functions = {label: found.get(name, 0) / answered for label, name in FUNCTIONS.items()}
     return per_review, functions
 
 
@@ -244,8 +249,8 @@ def render(results: dict[str, dict[str, Rounds]], sizes: dict[str, int], rounds:
            f"* Load: per round and server, every body once over {CLIENTS} keep-alive TLS connections opened before "
            f"(no handshake counted): the pod mix ({sizes['the pod mix']:,} bodies, the shares of the HTTP part's "
            f"3,000) and one identical body ({sizes['one identical body']:,} times); the allow-all gets /validate's "
-           f"bodies. {rounds} round(s), the order reversed every other round. Figures per review: the median over "
-           "the rounds; x allow-all: the median of each round's ratio.",
+           f"bodies. {rounds} {'round' if rounds == 1 else 'rounds'}, the order reversed every other round. "
+           "Figures per review: the median over the rounds; x allow-all: the median of each round's ratio.",
            "* Counts, not time: the HTTP part's CPU per review also pays for each miss and mispredicted branch in "
            "cycles, so its ratios to the allow-all can be larger than these.", "",
            "| bodies | server | instructions per review | x allow-all | instructions x allow-all per round "
@@ -279,8 +284,7 @@ def render(results: dict[str, dict[str, Rounds]], sizes: dict[str, int], rounds:
 
 def machine() -> str:
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
+    cpu = run_bench.cpu_model() or platform.machine()
     return f"Machine: {cpu}, {platform.python_implementation()} {platform.python_version()}, {valgrind}"
 
 
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  round {i + 1} {body:18} {target:9} "
                               f"{results[body][target][-1][0]['instructions']:12,.0f} instructions per review",
                               flush=True)
-            model = cache_model(next((tmp / "callgrind-webhook").glob("*.out.*")))
+            model = cache_model(next(dumps_dir(tmp, hook.name).glob("*.out.*")))
         finally:
             for c in conns.values():
                 c.close()

@@ -36,7 +36,7 @@ PATCHABLE_KINDS = frozenset({"Pod", "ResourceClaim", "ResourceClaimTemplate"})
 # The order the scope gate asks a pod's signals in: a pod naming a GPU resource answers the first for the mutating
 # rules and the second for the others but GPU009.
 GATE_ORDER: Final = (Signal.GPU_RESOURCES, Signal.GPU_POD, Signal.NVIDIA_RUNTIME, Signal.MPS_SELECTION,
-              Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
+                     Signal.CDI_ANNOTATION, Signal.DRA_OBJECT)
 assert set(GATE_ORDER) == set(Signal), "GATE_ORDER lists every signal: a rule gated on one left out never runs"
 # Final: compiled, a module global that is not Final is read from the module's dict at every use (carries reads
 # these several times per rule; callgrind counted ~38 such reads per review of a pod without GPUs).
