@@ -6,7 +6,8 @@ figures another tenant of the machine does not move.
 Why: the throughput ratios of bench/run_bench.py move by about ±0.05 from round to round on the shared
 2-CPU VM, more than one commit changes them. callgrind counts what a server executes instead of timing it:
 instructions, and, from its simulation of this CPU's caches and branch predictors (`--cache-sim=yes
---branch-sim=yes`), first-level instruction and data cache misses and mispredicted branches. The same code
+--branch-sim=yes`), first-level instruction and data cache misses, misses of this CPU's L2 (callgrind.l2_option)
+and mispredicted branches. The same code
 on the same requests gives about the same counts whatever else runs; what moves between rounds is the
 threads' interleaving (who takes the GIL when), so each round is shown.
 
@@ -18,13 +19,16 @@ one), the worker's counters zeroed (`callgrind_control -z`), every body sent onc
 the counters dumped (`callgrind_control -d`): every thread of the worker, gunicorn, TLS and the app. Per
 review = the dump's summary / reviews answered. Bodies: the pod mix (bodies.pod_mix with MIX bodies: the
 shares of the HTTP part's 3,000) and the one identical body (bodies.gpu_pod_3c), as in bench/run_bench.py.
-The webhook's own functions, from `callgrind_annotate --inclusive=yes`, show where its extra instructions go.
+The webhook's own functions, from `callgrind_annotate --inclusive=yes`, show where its extra instructions and
+L2 misses go.
 
 Periodic work (the metrics flusher's second, the request-deadline watchdog) falls in the counted window too,
 which valgrind's slower clock makes longer: a little more of it per review than at full speed, for both servers.
 
 Counts are not time: a miss or a mispredicted branch costs many cycles, so the CPU ratio of run_bench.py can
-be larger than the instruction ratio. The caches simulated are valgrind's model (sizes read from the CPU).
+be larger than the instruction ratio. The caches simulated are valgrind's model: the first level's geometry
+read from the CPU, the L2's from sysfs; one cache for every thread of the worker, where the HTTP part's two
+workers run on two cores.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import platform
-import re
 import ssl
 import statistics
 import subprocess
@@ -46,6 +49,7 @@ from pathlib import Path
 from gpu_stack_webhook.tls.certs import write_loopback_pki
 
 from gpu_stack_dev.bench import bodies, provenance, report, run_bench
+from gpu_stack_dev.bench.callgrind import cache_model, dump_counts, inclusive, l2_option
 from gpu_stack_dev.bench.servers import VENV_BIN, Server, chart_policy, ensure_tool, free_port
 from gpu_stack_dev.paths import BENCH
 from gpu_stack_dev.paths import ROOT as REPO_ROOT
@@ -57,10 +61,15 @@ CLIENTS = 4
 MIX = 600
 ONE_BODY = 300
 # callgrind's events (--cache-sim=yes --branch-sim=yes) as the report groups them.
+# "L2 misses" are callgrind's last level ("LL"), set to this CPU's L2 (callgrind.l2_option).
 COLUMNS = {"instructions": ("Ir",), "I1 misses": ("I1mr",), "D1 misses": ("D1mr", "D1mw"),
-           "mispredicted branches": ("Bcm", "Bim")}
+           "L2 misses": ("ILmr", "DLmr", "DLmw"), "mispredicted branches": ("Bcm", "Bim")}
+L2 = "L2 misses"
+SHOWN = ("Ir", *COLUMNS[L2])  # what callgrind_annotate shows per function
 # The webhook's own compiled functions (mypyc's names) and orjson's parse, counted with what they call.
 FUNCTIONS = {
+    "the review route (ReviewRoutes.__call__: the body, the reply, metrics, the log)":
+        "CPyDef_review_routes___ReviewRoutes_____call__",
     "the reply (pipeline.answer: parse, decide, encode)": "CPyDef_pipeline___answer",
     "JSON parse (orjson.loads)": "loads",
     "reading the review (review.parse_review)": "CPyDef_review___parse_review",
@@ -68,34 +77,6 @@ FUNCTIONS = {
     "metrics (Metrics.record)": "CPyDef_metrics___Metrics___record",
     "decision log (decision_log.log_reply)": "CPyDef_decision_log___log_reply",
 }
-_ANNOTATED = re.compile(r"^\s*(?P<ir>[\d,]+)\s+\([^)]*\)\s+(?P<where>\S.*?)(?:\s+\[.*\])?\s*$")
-
-
-def dump_counts(text: str) -> dict[str, int]:
-    """{event: count} from a callgrind dump's `events:` and `summary:` lines."""
-    events = summary = None
-    for line in text.splitlines():
-        if line.startswith("events:"):
-            events = line.split(":", 1)[1].split()
-        elif line.startswith("summary:"):
-            summary = [int(v) for v in line.split(":", 1)[1].split()]
-    if events is None or summary is None:
-        raise ValueError("not a callgrind dump: no events or summary line")
-    return dict(zip(events, summary + [0] * (len(events) - len(summary)), strict=True))
-
-
-def inclusive(annotated: str, names: Sequence[str]) -> dict[str, int]:
-    """{function: instructions with its callees} from `callgrind_annotate --inclusive=yes --show=Ir` output;
-    the first (outermost) line of each name, not its recursive entries (`name'2`)."""
-    found: dict[str, int] = {}
-    for line in annotated.splitlines():
-        m = _ANNOTATED.match(line)
-        if not m:
-            continue
-        function = m.group("where").rsplit(":", 1)[-1]
-        if function in names and function not in found:
-            found[function] = int(m.group("ir").replace(",", ""))
-    return found
 
 
 def dumps_dir(tmp: Path, name: str) -> Path:
@@ -134,13 +115,14 @@ class Callgrind(Server):
         return pid
 
 
-def callgrind_server(name: str, argv: list[str], tmp: Path) -> Callgrind:
+def callgrind_server(name: str, argv: list[str], tmp: Path, l2: str | None) -> Callgrind:
+    """`l2`: callgrind's --LL option for this CPU's L2, or None (its own guess of the last level)."""
     port = free_port()
     outputs = dumps_dir(tmp, name)
     outputs.mkdir()
     # Without --trace-children=yes callgrind_control does not find the forked worker (valgrind 3.19).
     valgrind = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes", "--trace-children=yes",
-                f"--callgrind-out-file={outputs}/%p.out"]
+                f"--callgrind-out-file={outputs}/%p.out", *([l2] if l2 else [])]
     return Callgrind(name, [*valgrind, *argv, "--bind", f"127.0.0.1:{port}", "--workers", "1",
                             "--threads", str(THREADS)], port, tmp / "ca.crt", tmp / f"{name}.log",
                      start_timeout=900)
@@ -197,8 +179,8 @@ def _get(conn: http.client.HTTPSConnection, path: str) -> None:
 Counts = dict[str, float]
 
 
-def count(server: Callgrind, conns: Connections, path: str, datas: Sequence[bytes]) -> tuple[Counts, Counts]:
-    """(events per review, FUNCTIONS' instructions per review) of one pass of `datas`."""
+def count(server: Callgrind, conns: Connections, path: str, datas: Sequence[bytes]) -> tuple[Counts, Counts, Counts]:
+    """(events per review, FUNCTIONS' instructions per review, their L2 misses per review) of one pass of `datas`."""
     conns.touch()
     server.zero()
     answered = conns.send(path, datas)
@@ -207,11 +189,13 @@ def count(server: Callgrind, conns: Connections, path: str, datas: Sequence[byte
         raise RuntimeError(f"{server.name} {path}: {answered} of {len(datas)} reviews answered 200")
     events = dump_counts(dump.read_text(encoding="utf-8", errors="replace"))
     per_review = {column: sum(events.get(e, 0) for e in names) / answered for column, names in COLUMNS.items()}
-    annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--show=Ir", "--threshold=100", str(dump)],
-                               capture_output=True, text=True, check=True).stdout
+    annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", f"--show={','.join(SHOWN)}",
+                                "--threshold=100", str(dump)], capture_output=True, text=True, check=True).stdout
     found = inclusive(annotated, list(FUNCTIONS.values()))
-    functions = {label: found.get(name, 0) / answered for label, name in FUNCTIONS.items()}
-    return per_review, functions
+    none = (0,) * len(SHOWN)
+    instructions = {label: found.get(name, none)[0] / answered for label, name in FUNCTIONS.items()}
+    l2_misses = {label: sum(found.get(name, none)[1:]) / answered for label, name in FUNCTIONS.items()}
+    return per_review, instructions, l2_misses
 
 
 def stamped(datas: Sequence[bytes], first: int) -> list[bytes]:
@@ -219,14 +203,7 @@ def stamped(datas: Sequence[bytes], first: int) -> list[bytes]:
     return [bodies.stamp(data, serial) for serial, data in enumerate(datas, first)]
 
 
-def cache_model(dump: Path) -> str:
-    """The caches callgrind simulated, from a dump's `desc:` lines (`I1 cache: 32768 B, 64 B, 8-way ...`)."""
-    found = [line.removeprefix("desc: ").strip() for line in dump.read_text(errors="replace").splitlines()[:20]
-             if line.startswith(("desc: I1 cache", "desc: D1 cache"))]
-    return "; ".join(found) or "not stated in the dump"
-
-
-Rounds = list[tuple[Counts, Counts]]
+Rounds = list[tuple[Counts, Counts, Counts]]
 TARGETS = (("allow-all", "validate"), ("/validate", "validate"), ("/mutate", "mutate"))
 
 
@@ -239,7 +216,9 @@ def _ratios(rounds: Rounds, base: Rounds, column: str) -> list[float]:
 
 
 def render(results: dict[str, dict[str, Rounds]], sizes: dict[str, int], rounds: int, machine: str, command: str,
-           elapsed: float) -> str:
+           elapsed: float, l2: str | None) -> str:
+    """`l2`: the --LL option that set callgrind's last level to this CPU's L2; None: no L2 column."""
+    columns = [c for c in COLUMNS if l2 or c != L2]
     out = [BEGIN, "## Instructions per served review (callgrind)", "", provenance.stamp(command), "",
            f"* Command: `{command}` ({elapsed:.0f} s). {machine}.",
            "* Servers: the allow-all (bench/baseline_app.py) and `gpu-stack-webhook serve` with the policy the chart "
@@ -252,16 +231,19 @@ def render(results: dict[str, dict[str, Rounds]], sizes: dict[str, int], rounds:
            f"bodies. {rounds} {'round' if rounds == 1 else 'rounds'}, the order reversed every other round. "
            "Figures per review: the median over the rounds; x allow-all: the median of each round's ratio.",
            "* Counts, not time: the HTTP part's CPU per review also pays for each miss and mispredicted branch in "
-           "cycles, so its ratios to the allow-all can be larger than these.", "",
-           "| bodies | server | instructions per review | x allow-all | instructions x allow-all per round "
-           "| I1 misses | x allow-all | D1 misses | x allow-all | mispredicted branches | x allow-all |",
-           "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+           "cycles, so its ratios to the allow-all can be larger than these. "
+           + (f"L2 misses: callgrind's last level set to this CPU's L2 as sysfs describes it (`{l2}`): a line "
+              "fetched from the L3 or memory. One simulated cache serves every thread of the worker."
+              if l2 else "No L2 column: sysfs describes no L2 callgrind can simulate."), "",
+           "| bodies | server | instructions per review | x allow-all | instructions x allow-all per round | "
+           + " | ".join(f"{c} | x allow-all" for c in columns[1:]) + " |",
+           "|---|---|---:|---:|---|" + "---:|---:|" * (len(columns) - 1)]
     for body, by_target in results.items():
         base = by_target["allow-all"]
         for target, _ in TARGETS:
             rows = by_target[target]
             cells = []
-            for column in COLUMNS:
+            for column in columns:
                 cells.append(f"{_median([r[0][column] for r in rows]):,.0f}")
                 ratio = f"{_median(_ratios(rows, base, column)):.3f}"
                 cells.append(ratio)
@@ -269,17 +251,26 @@ def render(results: dict[str, dict[str, Rounds]], sizes: dict[str, int], rounds:
                     cells.append(", ".join(f"{x:.3f}" for x in _ratios(rows, base, column)))
             out.append(f"| {body} | {target} | " + " | ".join(cells) + " |")
     headings = [(body, target) for body in results for target, _ in TARGETS if target != "allow-all"]
-    out += ["", "Where the webhook's instructions go: its functions with everything they call, instructions per review "
+    out += ["", "Where the webhook's instructions go: its functions with everything they call, per review "
             "(callgrind_annotate --inclusive=yes; the review path is compiled by mypyc, so these are its C "
-            "functions). The allow-all parses the same bodies with the same orjson.loads.", "",
-            "| function | " + " | ".join(f"{t}, {b}" for b, t in headings) + " | allow-all, the pod mix |",
-            "|---|" + "---:|" * (len(headings) + 1)]
-    for label in FUNCTIONS:
-        values = [_median([r[1][label] for r in results[b][t]]) for b, t in headings]
-        values.append(_median([r[1][label] for r in results["the pod mix"]["allow-all"]]))
-        out.append(f"| {label} | " + " | ".join(f"{v:,.0f}" if v else "-" for v in values) + " |")
+            "functions). The allow-all parses the same bodies with the same orjson.loads; the rest of each server's "
+            "count is gunicorn, TLS and the interpreter.", ""]
+    out += _function_table("instructions", results, headings, 1)
+    if l2:
+        out += ["", *_function_table("L2 misses", results, headings, 2)]
     out.append(END)
     return "\n".join(out) + "\n"
+
+
+def _function_table(what: str, results: dict[str, dict[str, Rounds]], headings: list[tuple[str, str]],
+                    index: int) -> list[str]:
+    lines = [f"| function: {what} | " + " | ".join(f"{t}, {b}" for b, t in headings) + " | allow-all, the pod mix |",
+             "|---|" + "---:|" * (len(headings) + 1)]
+    for label in FUNCTIONS:
+        values = [_median([r[index][label] for r in results[b][t]]) for b, t in headings]
+        values.append(_median([r[index][label] for r in results["the pod mix"]["allow-all"]]))
+        lines.append(f"| {label} | " + " | ".join(f"{v:,.0f}" if v else "-" for v in values) + " |")
+    return lines
 
 
 def machine() -> str:
@@ -297,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_tool("valgrind", "valgrind", "callgrind counts the instructions of the servers")
     rounds, mix, one = (1, 60, 30) if args.quick else (args.rounds, MIX, ONE_BODY)
     started = time.monotonic()
+    l2 = l2_option()
     sets = {"the pod mix": {ep: [b.data for b in bodies.pod_mix(ep, mix)] for ep in bodies.ENDPOINTS},
             "one identical body": {ep: [bodies.gpu_pod_3c(ep).data] * one for ep in bodies.ENDPOINTS}}
     results: dict[str, dict[str, Rounds]] = {body: {t: [] for t, _ in TARGETS} for body in sets}
@@ -307,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         policy.write_text(chart_policy(bodies.MIX_VALUES))
         tls = ["--cert", str(tmp / "tls.crt"), "--key", str(tmp / "tls.key")]
         py = str(VENV_BIN / "python")
-        base = callgrind_server("allow-all", [py, str(BENCH / "baseline_app.py"), *tls], tmp)
+        base = callgrind_server("allow-all", [py, str(BENCH / "baseline_app.py"), *tls], tmp, l2)
         hook = callgrind_server("webhook", [py, str(VENV_BIN / "gpu-stack-webhook"), "serve", "--config", str(policy),
-                                            *tls], tmp)
+                                            *tls], tmp, l2)
         servers = {"allow-all": base, "/validate": hook, "/mutate": hook}
         conns: dict[str, Connections] = {}
         try:
@@ -341,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "bench/served_instructions.py " + " ".join(argv if argv is not None else sys.argv[1:])
     section = render(results, {"the pod mix": mix, "one identical body": one}, rounds,
                      f"{machine()}; callgrind's simulated caches: {model}", command.strip(),
-                     time.monotonic() - started)
+                     time.monotonic() - started, l2)
     print(section)
     if args.out:
         report.write_section(args.out, section, BEGIN, END)
