@@ -7,9 +7,8 @@ Why: the throughput ratios of bench/run_bench.py move by about ±0.05 from round
 2-CPU VM, more than one commit changes them. callgrind counts what a server executes instead of timing it:
 instructions, and, from its simulation of this CPU's caches and branch predictors (`--cache-sim=yes
 --branch-sim=yes`), first-level instruction and data cache misses, misses of this CPU's L2 (callgrind.l2_option)
-and mispredicted branches. The same code
-on the same requests gives about the same counts whatever else runs; what moves between rounds is the
-threads' interleaving (who takes the GIL when), so each round is shown.
+and mispredicted branches. The same code on the same requests gives about the same counts whatever else runs;
+what moves between rounds is the threads' interleaving (who takes the GIL when), so each round is shown.
 
 What runs: the allow-all (bench/baseline_app.py) and `gpu-stack-webhook serve` with the policy the chart
 renders for bodies.MIX_VALUES, each as one gunicorn worker of THREADS threads (gunicorn_conf.settings
