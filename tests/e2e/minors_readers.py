@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stack_dev.e2e.e2elib import E2ECluster, LiveWebhook, Release
+from gpu_stack_webhook.server.decision_log import DECISION_LOGGER
 
 from .test_tls_selfmanaged import sa_kubeconfig
 
@@ -64,6 +65,25 @@ def log_lines(log: str) -> list[Line]:
         if isinstance(line, dict):
             out.append(Line(str(line.get("level")), str(line.get("logger")), str(line.get("message")), line))
     return out
+
+
+def not_found_lines(log: str) -> list[str]:
+    """The lines of the webhook's log that name an HTTP 404 (an API this minor does not serve), but the decision
+    lines, whose uids and durations are request data ("duration_ms":0.404), and each line's clock ("...,404")."""
+    found = []
+    for raw in log.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            line = None
+        text = raw
+        if isinstance(line, dict):
+            if line.get("logger") == DECISION_LOGGER:
+                continue
+            text = json.dumps({key: value for key, value in line.items() if key != "time"})
+        if re.search(r"\b404\b", text):
+            found.append(raw)
+    return found
 
 
 def api_requests(log: str, prefix: str) -> list[tuple[str, str, int]]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -244,7 +243,7 @@ def test_webhook_verdicts_through_the_api_server(minor: Minor, releases_on: Rele
         stack = Stack(cluster, release, hook, namespace)
         for manifest in sorted(p.name for p in MANIFESTS.glob("*.yaml")):
             judge_demo_manifest(stack, manifest)
-        assert not re.search(r"\b404\b", hook.log()), hook.log()
+        assert not readers.not_found_lines(hook.log()), hook.log()
     finally:
         hook.stop()
     record(minor, "webhook mode", "yes")
